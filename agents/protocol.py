@@ -1,0 +1,426 @@
+"""The wire protocol between node agents and consoles: newline-delimited JSON frames.
+
+Both ends import this module. Every frame carries ``v`` (protocol version),
+``type``, ``seq``, ``ts`` and ``node``. Text that a node supplies is typed
+:class:`Text` and is cleaned of control characters and escape sequences when a
+frame is decoded, so nothing a node sends can reach a terminal as a command.
+A field the hardware cannot give is ``None`` (shown as N/A), never zero.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+SUBSYSTEM = "gridwatch"
+# A frame longer than this is refused whole rather than buffered: it is either
+# a bug or hostile, and one node must not make the console hold megabytes.
+MAX_FRAME_BYTES = 1 << 20
+# Log lines are clipped on the node so that one 1 MB line cannot crowd out frames.
+MAX_LINE_CHARS = 4096
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_WHITESPACE_CONTROL = re.compile(r"[\t\n\r]")
+
+
+class Text(str):
+    """A string that came from a node: cleaned on decode, rendered as plain text."""
+
+    __slots__ = ()
+
+
+def clean_text(value: str, limit: int = MAX_LINE_CHARS) -> str:
+    """Drop control characters (ESC, C1, bidi overrides) and clip to ``limit``.
+
+    Removing ESC alone defuses every ANSI/OSC sequence: what remains (``[31m``)
+    is harmless printable text, kept so an operator can see something was there.
+    """
+    if len(value) > limit:
+        value = value[:limit] + "…"
+    value = _WHITESPACE_CONTROL.sub(" ", value)
+    return _CONTROL.sub("", value)
+
+
+# --------------------------------------------------------------------------- data
+
+
+class GpuInfo(msgspec.Struct, kw_only=True):
+    """Static facts about one GPU (``nvidia-smi -L``)."""
+
+    index: int
+    uuid: Text
+    name: Text
+    pci_bus_id: Text | None = None
+    memory_total_mb: float | None = None
+    serial: Text | None = None
+
+
+class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One reading of one GPU. ``None`` means N/A: not supported or not readable."""
+
+    index: int
+    util: float | None = None  # nvmlDeviceGetUtilizationRates().gpu, %
+    mem_util: float | None = None  # nvmlDeviceGetUtilizationRates().memory, %
+    mem_used_mb: float | None = None
+    mem_total_mb: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    energy_j: float | None = None  # total since driver load
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    pcie_replay: int | None = None
+    ecc_sbe: int | None = None  # volatile single-bit (corrected)
+    ecc_dbe: int | None = None  # volatile double-bit (uncorrected)
+    retired_pages: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    throttle: list[Text] = []  # active clock-throttle reasons, by name
+    nvlink_errors: int | None = None
+    procs: int | None = None  # compute processes holding the GPU
+    state: Text = Text("ok")  # ok | lost (fell off the bus) | hung
+
+
+class NicSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: Text
+    rx_bps: float = 0.0
+    tx_bps: float = 0.0
+    rx_errors: int = 0
+    tx_errors: int = 0
+    rx_drops: int = 0
+    tx_drops: int = 0
+    up: bool | None = None
+    speed_mbps: float | None = None
+
+
+class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+    cpu_percent: float | None = None
+    mem_used_mb: float | None = None
+    mem_total_mb: float | None = None
+    load1: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    nics: list[NicSample] = []
+    disk_read_bps: float | None = None
+    disk_write_bps: float | None = None
+    psi_cpu: float | None = None  # /proc/pressure/cpu some avg10
+    psi_memory: float | None = None
+    psi_io: float | None = None
+
+
+class AgentStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The agent's own footprint, so the console can show that it is cheap."""
+
+    cpu_percent: float | None = None
+    rss_mb: float | None = None
+    clients: int = 0
+    dropped_frames: int = 0
+    tick_ms: float | None = None
+
+
+class StackFingerprint(msgspec.Struct, kw_only=True):
+    """The software a node runs; two nodes of one job should hash the same."""
+
+    driver: Text | None = None
+    cuda: Text | None = None
+    nccl: Text | None = None
+    kernel: Text | None = None
+    python: Text | None = None
+    packages: dict[str, Text] = {}
+    hash: Text = Text("")
+
+
+class TrainerStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the local trainer reports over its control socket, relayed as-is."""
+
+    job: Text | None = None
+    phase: Text = Text("unknown")  # starting | training | paused | checkpointing | restarting | left | done
+    step: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    rank_step_times: dict[str, float] = {}  # rank (as string) -> seconds of last step
+    stragglers: list[int] = []
+    membership: list[Text] = []  # node names in the current rendezvous
+    world_size: int | None = None
+    checkpoints: dict[str, int] = {}  # tier ("0", "1", "2") -> newest step in that tier
+    pid: int | None = None
+
+
+# ------------------------------------------------------------------ agent → console
+
+
+class Frame(msgspec.Struct, tag_field="type", kw_only=True):
+    v: int = PROTOCOL_VERSION
+    seq: int = 0
+    ts: float = 0.0
+    node: Text = Text("")
+
+
+class Hello(Frame, tag="hello"):
+    agent_version: Text = Text("")
+    role: Text = Text("viewer")  # what the key this client used is allowed
+    interval: float = 1.0
+    first_seq: int = 0  # oldest seq still in the agent's buffer
+    last_seq: int = 0
+    gpus: list[GpuInfo] = []
+    simulated: bool = False
+    isolated: bool = False
+    stack: StackFingerprint = msgspec.field(default_factory=StackFingerprint)
+    notes: list[Text] = []  # e.g. "no NVIDIA driver: running without GPUs"
+
+
+class Sample(Frame, tag="sample"):
+    gpus: list[GpuSample] = []
+    host: HostSample = msgspec.field(default_factory=HostSample)
+    agent: AgentStats = msgspec.field(default_factory=AgentStats)
+    trainer: TrainerStatus | None = None
+    isolated: bool = False
+
+
+class Event(Frame, tag="event"):
+    """Something happened: an XID, an ECC error, an NCCL timeout, an action taken.
+
+    ``kind`` is one of the names in :data:`EVENT_KINDS` (others may appear from
+    newer agents and must be shown, not rejected).
+    """
+
+    kind: Text
+    severity: Text = Text("warning")  # info | warning | error | critical
+    message: Text = Text("")
+    gpu: int | None = None
+    code: int | None = None  # XID code, for kind == "xid"
+    source: Text = Text("")  # nvml | log:/var/log/kern.log | trainer | sim | agent
+    details: dict[str, Text] = {}  # free-form, as text: pci_bus_id, rank, path ...
+
+
+class LogLine(Frame, tag="log"):
+    """A raw log line, sent only to clients that subscribed to logs."""
+
+    source: Text
+    line: Text
+    line_ts: float = 0.0
+
+
+class ActionResult(Frame, tag="action_result"):
+    id: Text
+    action: Text
+    ok: bool
+    message: Text = Text("")
+    data: dict[str, Any] = {}
+
+
+class SearchResult(Frame, tag="search_result"):
+    id: Text
+    lines: list[LogLine] = []
+    done: bool = True
+    truncated: bool = False
+
+
+class Gap(Frame, tag="gap"):
+    """Frames ``from_seq``..``to_seq`` are gone (buffer overrun or a slow client)."""
+
+    from_seq: int
+    to_seq: int
+    reason: Text = Text("")
+
+
+class Error(Frame, tag="error"):
+    code: Text  # bad_frame | unknown_type | forbidden | unknown_action | too_large | ...
+    message: Text = Text("")
+
+
+# ------------------------------------------------------------------ console → agent
+
+
+class Subscribe(Frame, tag="subscribe"):
+    """Start (or resume) the stream; ``resume_from`` is the last seq the client has."""
+
+    resume_from: int | None = None
+    logs: bool = False  # stream raw log lines too (only for nodes the operator looks at)
+
+
+class Action(Frame, tag="action"):
+    """An operator action. Who asked is the key the agent accepted, not a field."""
+
+    id: Text
+    action: Text
+    args: dict[str, Any] = {}
+    reason: Text = Text("")
+
+
+class Search(Frame, tag="search"):
+    id: Text
+    pattern: Text  # a regular expression
+    since: float | None = None
+    until: float | None = None
+    limit: int = 500
+
+
+AgentFrame = Union[Hello, Sample, Event, LogLine, ActionResult, SearchResult, Gap, Error]
+ClientFrame = Union[Subscribe, Action, Search]
+AnyFrame = Union[AgentFrame, ClientFrame]
+
+FRAME_TYPES: frozenset[str] = frozenset(
+    t.__struct_config__.tag for t in AnyFrame.__args__  # type: ignore[attr-defined]
+)
+
+EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "xid",
+        "ecc_sbe",
+        "ecc_dbe",
+        "row_remap_failure",
+        "nvlink_error",
+        "fell_off_bus",
+        "gpu_hang",
+        "thermal",
+        "power_throttle",
+        "nccl_error",
+        "nccl_timeout",
+        "traceback",
+        "oom",
+        "nan_loss",
+        "loss_spike",
+        "straggler",
+        "trainer_exit",
+        "trainer_hang",
+        "checkpoint",
+        "isolated",
+        "unisolated",
+        "action",
+        "patrol_failed",
+        "patrol_recovered",
+        "fault_injected",
+    }
+)
+
+ACTIONS: frozenset[str] = frozenset(
+    {
+        "inject_fault",
+        "clear_faults",
+        "isolate",
+        "unisolate",
+        "checkpoint_now",
+        "pause",
+        "resume",
+        "leave",
+        "restart_from",
+        "capture_scene",
+        "preflight",
+        "ping",
+    }
+)
+# Actions a viewer may send: they read, they change nothing.
+VIEWER_ACTIONS: frozenset[str] = frozenset({"ping", "preflight"})
+
+
+# ------------------------------------------------------------------- encode/decode
+
+
+class FrameError(ValueError):
+    """A line that is not a frame we can use; ``code`` says why in one word."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    if type_ is Text:
+        if not isinstance(obj, str):
+            raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
+        return Text(clean_text(obj))
+    raise NotImplementedError(f"unsupported type {type_!r}")
+
+
+class _Envelope(msgspec.Struct):
+    type: str = ""
+    v: int = PROTOCOL_VERSION
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_envelope = msgspec.json.Decoder(_Envelope)
+_agent_decoder = msgspec.json.Decoder(AgentFrame, dec_hook=_dec_hook)
+_client_decoder = msgspec.json.Decoder(ClientFrame, dec_hook=_dec_hook)
+_any_decoder = msgspec.json.Decoder(AnyFrame, dec_hook=_dec_hook)
+
+
+def encode(frame: Frame) -> bytes:
+    """One frame as one line of JSON, newline included."""
+    return _encoder.encode(frame) + b"\n"
+
+
+def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:
+    if isinstance(line, str):
+        line = line.encode("utf-8", "replace")
+    if len(line) > MAX_FRAME_BYTES:
+        raise FrameError("too_large", f"frame of {len(line)} bytes exceeds {MAX_FRAME_BYTES}")
+    line = line.strip()
+    if not line:
+        raise FrameError("bad_frame", "empty line")
+    try:
+        frame = decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        try:
+            env = _envelope.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise FrameError("bad_frame", f"not a frame: {clean_text(str(exc), 200)}") from None
+        if env.type not in FRAME_TYPES:
+            raise FrameError("unknown_type", f"unknown frame type {clean_text(env.type, 40)!r}") from None
+        raise FrameError("bad_frame", f"invalid {clean_text(env.type, 40)} frame: {clean_text(str(exc), 200)}") from None
+    except msgspec.DecodeError as exc:
+        raise FrameError("bad_frame", f"malformed JSON: {clean_text(str(exc), 200)}") from None
+    # Free-form payloads are not typed field by field, so they are cleaned here.
+    if isinstance(frame, ActionResult):
+        frame.data = clean_any(frame.data)
+    elif isinstance(frame, Action):
+        frame.args = clean_any(frame.args)
+    return frame
+
+
+def clean_any(value: Any) -> Any:
+    """Clean every string (keys included) inside a decoded JSON value."""
+    if isinstance(value, str):
+        return Text(clean_text(value))
+    if isinstance(value, dict):
+        return {clean_text(str(k), 200): clean_any(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_any(v) for v in value]
+    return value
+
+
+def decode_agent_frame(line: bytes | str) -> Frame:
+    """Decode a line an agent sent. Raises :class:`FrameError` with a one-line reason.
+
+    A frame from a newer protocol version is decoded as far as we understand it
+    (unknown fields are ignored); the caller may note the version once.
+    """
+    return _decode(line, _agent_decoder)
+
+
+def decode_client_frame(line: bytes | str) -> Frame:
+    """Decode a line a console sent to an agent."""
+    return _decode(line, _client_decoder)
+
+
+def decode_any_frame(line: bytes | str) -> Frame:
+    """Decode any frame (used when replaying recorded traces)."""
+    return _decode(line, _any_decoder)
+
+
+def now() -> float:
+    return time.time()
