@@ -15,7 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 # Modules that each expose ``register(subparsers)``; order is the order in --help.
 _COMMAND_MODULES = (
     "agents.cli",  # agent
-    "console.commands",  # console, tail, keys
+    "console.commands",  # tail, keys
+    "console.ui_cli",  # console
     "playbooks.cli",  # playbook
     "trainer.cli",  # train
     "console.preflight_cli",  # preflight
