@@ -152,6 +152,12 @@ class TrainerStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
     world_size: int | None = None
     checkpoints: dict[str, int] = {}  # tier ("0", "1", "2") -> newest step in that tier
     pid: int | None = None
+    node: Text | None = None  # the node name this trainer serves (its control socket)
+    rank: int | None = None
+    paused: bool = False
+    # Recent trainer events (nan_loss, loss_spike, straggler, checkpoint...), oldest
+    # first, bounded; ``seq`` numbers them per trainer so a relay sends each once.
+    events: list[Event] = []
 
 
 # ------------------------------------------------------------------ agent → console
@@ -222,6 +228,7 @@ class SearchResult(Frame, tag="search_result"):
     lines: list[LogLine] = []
     done: bool = True
     truncated: bool = False
+    error: Text | None = None  # e.g. a pattern that is not a valid regex
 
 
 class Gap(Frame, tag="gap"):
