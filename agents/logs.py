@@ -1,0 +1,268 @@
+"""Log tailers: follow files and the kernel log, run detectors, keep recent lines for search."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from agents.detectors import detect
+from agents.protocol import MAX_LINE_CHARS, Event, clean_text
+
+KERNEL_LOGS = ("/dev/kmsg", "/var/log/kern.log")
+DEFAULT_READ_BYTES = 1 << 20
+DEFAULT_BUFFER_LINES = 10_000
+# A line with no newline is held at most this long before it is cut and
+# emitted: one writer that never ends a line must not grow the agent.
+_MAX_PENDING = MAX_LINE_CHARS * 4
+_KMSG_RECORD = 8192
+
+LogEntry = tuple[str, str, float]  # (source, line, ts)
+
+
+def _decode(raw: bytes) -> str:
+    return clean_text(raw.decode("utf-8", "replace").rstrip("\r"))
+
+
+@dataclass
+class _FileTail:
+    """One followed file: the open descriptor, which file it is, and a partial line."""
+
+    path: str
+    fd: int | None = None
+    ident: tuple[int, int] | None = None  # (st_dev, st_ino) of what fd reads
+    offset: int = 0
+    pending: bytearray = field(default_factory=bytearray)
+    discarding: bool = False  # inside an over-long line, dropping bytes until its newline
+    missing_logged: bool = False
+
+    def open(self, from_end: bool) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if not self.missing_logged:
+                logger.debug("log {} not readable yet: {}", self.path, exc.strerror)
+                self.missing_logged = True
+            return False
+        st = os.fstat(fd)
+        self.close()
+        self.fd, self.ident = fd, (st.st_dev, st.st_ino)
+        self.offset = st.st_size if from_end else 0
+        self.missing_logged = False
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        self.fd = None
+
+    def read(self, budget: int) -> tuple[list[bytes], int]:
+        """Complete lines read from the current position, and the bytes it took."""
+        if self.fd is None or budget <= 0:
+            return [], 0
+        try:
+            data = os.pread(self.fd, budget, self.offset)
+        except OSError as exc:
+            logger.warning("reading log {} failed: {}", self.path, exc.strerror)
+            return [], 0
+        self.offset += len(data)
+        return self._split(data), len(data)
+
+    def _split(self, data: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            if self.discarding:
+                self.discarding = False
+            else:
+                self.pending += data[start:end]
+                lines.append(bytes(self.pending))
+            self.pending.clear()
+            start = end + 1
+        if not self.discarding:
+            self.pending += data[start:]
+            if len(self.pending) > _MAX_PENDING:
+                lines.append(bytes(self.pending[:_MAX_PENDING]))
+                self.pending.clear()
+                self.discarding = True
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """The unfinished last line, when the file it came from is gone or cut."""
+        tail = [bytes(self.pending)] if self.pending and not self.discarding else []
+        self.pending.clear()
+        self.discarding = False
+        return tail
+
+
+class _KernelLog:
+    """``/dev/kmsg``: one record per read, non-blocking, starting at the newest."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Old records were handled (or not) before this agent started.
+        os.lseek(self.fd, 0, os.SEEK_END)
+
+    def read(self, budget: int) -> tuple[list[bytes], int]:
+        lines: list[bytes] = []
+        used = 0
+        while used < budget:
+            try:
+                record = os.read(self.fd, _KMSG_RECORD)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # the ring overwrote records we had not read yet
+                    continue
+                logger.warning("reading {} failed: {}", self.path, exc.strerror)
+                break
+            if not record:
+                break
+            used += len(record)
+            lines.append(parse_kmsg_record(record))
+        return lines, used
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def parse_kmsg_record(record: bytes) -> bytes:
+    """The message of one ``/dev/kmsg`` record (``pri,seq,usec,flags;message``, then key=value lines)."""
+    head, sep, rest = record.partition(b";")
+    message = rest if sep else head
+    return message.split(b"\n", 1)[0]
+
+
+def _open_kernel_log(paths: Iterable[str], from_end: bool) -> _KernelLog | _FileTail | None:
+    for path in paths:
+        if path.startswith("/dev/"):
+            try:
+                return _KernelLog(path)
+            except OSError:
+                continue
+        tail = _FileTail(path)
+        if tail.open(from_end):
+            return tail
+    logger.debug("no readable kernel log; XIDs come from NVML events only")
+    return None
+
+
+class LogTailer:
+    """Follows log files and the kernel log; turns lines into events; keeps recent lines.
+
+    Files survive rotation (a new inode at the path), truncation (the size
+    shrinks), deletion and re-creation: what was written to the old file is
+    read to its end before the new one is opened, and a file that appears
+    later is read from its start. Files present at start are followed from
+    their end. Each poll reads at most ``read_bytes`` per source, so one
+    flooding log cannot stall a tick. A line that copy-truncation rewrites past
+    the old size before a poll sees it is not noticed (every tailer shares this).
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[str] = (),
+        *,
+        kernel: bool = True,
+        kernel_paths: Iterable[str] = KERNEL_LOGS,
+        clock: Callable[[], float] = time.time,
+        read_bytes: int = DEFAULT_READ_BYTES,
+        buffer_lines: int = DEFAULT_BUFFER_LINES,
+        from_start: bool = False,
+    ) -> None:
+        self._clock = clock
+        self._read_bytes = read_bytes
+        self._files = [_FileTail(p) for p in dict.fromkeys(paths)]
+        for tail in self._files:
+            tail.open(from_end=not from_start)
+        self._kernel = _open_kernel_log(kernel_paths, from_end=True) if kernel else None
+        self._buffer: deque[LogEntry] = deque(maxlen=buffer_lines)
+
+    @property
+    def sources(self) -> list[str]:
+        """The paths being followed (the kernel log only if it is readable)."""
+        names = [t.path for t in self._files]
+        if self._kernel is not None:
+            names.append(self._kernel.path)
+        return names
+
+    def poll(self) -> tuple[list[LogEntry], list[Event]]:
+        """New lines since the last poll, as (source, line, ts), and the events they carry."""
+        now = self._clock()
+        entries: list[LogEntry] = []
+        for tail in self._files:
+            for raw in self._poll_file(tail):
+                entries.append((tail.path, _decode(raw), now))
+        if self._kernel is not None:
+            if isinstance(self._kernel, _FileTail):
+                raws = self._poll_file(self._kernel)
+            else:
+                raws, _ = self._kernel.read(self._read_bytes)
+            entries.extend((self._kernel.path, _decode(raw), now) for raw in raws)
+        events = [e for e in (detect(line, source, ts) for source, line, ts in entries) if e is not None]
+        self._buffer.extend(entries)
+        return entries, events
+
+    def _poll_file(self, tail: _FileTail) -> list[bytes]:
+        if tail.fd is None:
+            return tail.read(self._read_bytes)[0] if tail.open(from_end=False) else []
+        lines, used = tail.read(self._read_bytes)
+        try:
+            st = os.stat(tail.path)
+        except OSError:
+            # Deleted: what was written before the delete has been read above;
+            # keep the descriptor until a new file appears at the path.
+            return lines
+        if (st.st_dev, st.st_ino) != tail.ident:
+            if used >= self._read_bytes:
+                return lines  # the old file still has bytes; finish it first
+            lines += tail.flush()
+            logger.debug("log {} was replaced (rotated or re-created); following the new file", tail.path)
+            if tail.open(from_end=False):
+                more, _ = tail.read(self._read_bytes - used)
+                lines += more
+        elif st.st_size < tail.offset:
+            logger.debug("log {} was truncated; reading from its start", tail.path)
+            lines += tail.flush()
+            tail.offset = 0
+            more, _ = tail.read(self._read_bytes - used)
+            lines += more
+        return lines
+
+    def search(
+        self, pattern: str, since: float | None = None, until: float | None = None, limit: int = 500
+    ) -> list[LogEntry]:
+        """The newest ``limit`` buffered lines matching a regular expression, oldest first.
+
+        Raises ``ValueError`` with a one-line reason for a pattern that does not compile.
+        """
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"bad search pattern {pattern!r}: {exc}") from None
+        found: deque[LogEntry] = deque(maxlen=max(limit, 0))
+        for entry in self._buffer:
+            ts = entry[2]
+            if since is not None and ts < since:
+                continue
+            if until is not None and ts > until:
+                continue
+            if regex.search(entry[1]):
+                found.append(entry)
+        return list(found)
+
+    def close(self) -> None:
+        for tail in self._files:
+            tail.close()
+        if self._kernel is not None:
+            self._kernel.close()
