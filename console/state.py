@@ -1,0 +1,726 @@
+"""The console's state store: the newest frames per node and short histories, read by the UI on a timer.
+
+Frames arrive one at a time from the fleet; applying one costs O(size of the
+frame). The UI never reacts per frame: it asks this store for rows, cells and
+series once per tick. Nothing here imports textual.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Iterable, Protocol
+
+from agents.protocol import (
+    ActionResult,
+    Error,
+    Event,
+    Frame,
+    Gap,
+    GpuSample,
+    Hello,
+    LogLine,
+    Sample,
+    TrainerStatus,
+)
+from console.hostlist import HostlistError, expand
+
+HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
+NODE_EVENTS = 200
+NODE_LOG_LINES = 1000
+FLEET_EVENTS = 10_000
+FLEET_LOG_LINES = 5_000
+LOSS_POINTS = 2_000
+STALE_INTERVALS = 3  # "heartbeat lost": no frame within three sampling intervals
+NAN = float("nan")
+
+
+# ----------------------------------------------------------------------------- clock
+
+
+class Clock(Protocol):
+    """What the store asks for the time, so tests can advance it without sleeping."""
+
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    """Wall-clock time, the default."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+class ManualClock:
+    """A clock that only moves when told to: for tests, replays and snapshots."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+# --------------------------------------------------------------------------- history
+
+
+class MetricRing:
+    """A fixed-size ring of several metrics sampled together (one array, no per-point objects).
+
+    At 10,000 GPUs x 4 metrics x 120 points, a deque of floats would hold ~5 M
+    Python objects; one ``array('f')`` per GPU holds the same in ~19 MB.
+    """
+
+    __slots__ = ("metrics", "size", "head", "count", "data")
+
+    def __init__(self, metrics: int, size: int = HISTORY_POINTS) -> None:
+        self.metrics = metrics
+        self.size = size
+        self.head = 0
+        self.count = 0
+        self.data = array("f", [NAN]) * (metrics * size)
+
+    def push(self, values: Iterable[float | None]) -> None:
+        base = self.head * self.metrics
+        for i, v in enumerate(values):
+            self.data[base + i] = NAN if v is None else v
+        self.head = (self.head + 1) % self.size
+        self.count = min(self.count + 1, self.size)
+
+    def series(self, metric: int) -> list[float]:
+        """Oldest to newest; NaN where the value was N/A."""
+        start = (self.head - self.count) % self.size
+        m = self.metrics
+        return [self.data[((start + i) % self.size) * m + metric] for i in range(self.count)]
+
+
+# GPU history columns, in MetricRing order.
+GPU_UTIL, GPU_TEMP, GPU_POWER, GPU_MEM = range(4)
+# Host history columns.
+HOST_CPU, HOST_MEM, HOST_RX, HOST_TX = range(4)
+
+
+class Metric(StrEnum):
+    """What the heatmap colours cells by."""
+
+    UTIL = "util"
+    TEMP = "temp"
+    POWER = "power"
+    MEMORY = "memory"
+    HEALTH = "health"
+
+
+# Ranges that map a metric onto 0..1 for colouring; a GPU past the top is "hot".
+_TEMP_RANGE = (30.0, 90.0)
+_POWER_MAX_W = 700.0
+
+
+def gpu_health(gpu: GpuSample, xids: int = 0) -> float:
+    """0 healthy, 0.5 degraded (throttling, corrected errors), 1 failing (lost, hung, DBE, XID)."""
+    if gpu.state != "ok" or (gpu.ecc_dbe or 0) > 0 or gpu.remapped_rows_failed or xids > 0:
+        return 1.0
+    if gpu.throttle or (gpu.ecc_sbe or 0) > 0 or gpu.remapped_rows_pending:
+        return 0.5
+    return 0.0
+
+
+def gpu_metric(gpu: GpuSample, metric: Metric, xids: int = 0) -> float | None:
+    """The GPU's value of ``metric`` scaled to 0..1, or None when the GPU cannot give it."""
+    if metric is Metric.HEALTH:
+        return gpu_health(gpu, xids)
+    if gpu.state != "ok":
+        return None
+    if metric is Metric.UTIL:
+        v = gpu.util
+        return None if v is None else min(max(v / 100.0, 0.0), 1.0)
+    if metric is Metric.TEMP:
+        v = gpu.temp_c
+        lo, hi = _TEMP_RANGE
+        return None if v is None else min(max((v - lo) / (hi - lo), 0.0), 1.0)
+    if metric is Metric.POWER:
+        v = gpu.power_w
+        return None if v is None else min(max(v / _POWER_MAX_W, 0.0), 1.0)
+    used, total = gpu.mem_used_mb, gpu.mem_total_mb
+    if used is None or not total:
+        return None
+    return min(max(used / total, 0.0), 1.0)
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+class NodeStatus(StrEnum):
+    """How a node looks at a glance; worst first in sort order."""
+
+    DOWN = "down"
+    REFUSED = "refused"
+    STALE = "stale"
+    CONNECTING = "connecting"
+    OK = "ok"
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """An event as the console received it; ``seq`` orders records across nodes."""
+
+    seq: int
+    node: str
+    received_at: float
+    event: Event
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """A log line (streamed, or found by a search) with its node."""
+
+    seq: int
+    node: str
+    line: LogLine
+
+
+@dataclass
+class NodeState:
+    """Everything the console knows about one node; mutated only by :class:`StateStore`."""
+
+    key: str
+    name: str
+    link: str = "connecting"
+    link_error: str | None = None
+    role: str | None = None
+    hello: Hello | None = None
+    sample: Sample | None = None
+    last_frame_at: float | None = None
+    last_sample_at: float | None = None
+    interval: float = 1.0
+    isolated: bool = False
+    gaps: int = 0
+    last_error: str | None = None
+    gpu_history: list[MetricRing] = field(default_factory=list)
+    host_history: MetricRing = field(default_factory=lambda: MetricRing(4))
+    xids: Counter[int] = field(default_factory=Counter)  # gpu index -> XID events seen
+    events: deque[EventRecord] = field(default_factory=lambda: deque(maxlen=NODE_EVENTS))
+    logs: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=NODE_LOG_LINES))
+    logs_subscribed: bool = False
+
+    @property
+    def stack_hash(self) -> str:
+        return str(self.hello.stack.hash) if self.hello else ""
+
+    @property
+    def trainer(self) -> TrainerStatus | None:
+        return self.sample.trainer if self.sample else None
+
+
+@dataclass(slots=True)
+class NodeRow:
+    """One line of the node table, computed once per tick."""
+
+    name: str
+    status: NodeStatus
+    isolated: bool
+    mismatch: bool
+    gpus: int
+    gpu_bad: int
+    util: float | None
+    temp_max: float | None
+    power_w: float | None
+    mem_pct: float | None
+    rx_bps: float | None
+    tx_bps: float | None
+    step_time_s: float | None
+    age_s: float | None
+    error: str | None
+
+    @property
+    def flags(self) -> str:
+        marks = []
+        if self.isolated:
+            marks.append("isolated")
+        if self.mismatch:
+            marks.append("stack")
+        return ",".join(marks)
+
+
+SORT_KEYS: tuple[str, ...] = ("name", "status", "util", "temp", "power", "mem", "rx", "tx", "step", "age")
+
+
+def _sort_value(row: NodeRow, key: str) -> tuple:
+    if key == "name":
+        return (0, row.name)
+    if key == "status":
+        order = list(NodeStatus).index(row.status)
+        # Problems first: a down node outranks a healthy isolated one.
+        return (0, order, not (row.isolated or row.mismatch or row.gpu_bad), row.name)
+    value = {
+        "util": row.util,
+        "temp": row.temp_max,
+        "power": row.power_w,
+        "mem": row.mem_pct,
+        "rx": row.rx_bps,
+        "tx": row.tx_bps,
+        "step": row.step_time_s,
+        "age": row.age_s,
+    }[key]
+    # N/A sorts last whichever way the operator sorts.
+    return (1, 0.0, row.name) if value is None else (0, value, row.name)
+
+
+@dataclass(slots=True)
+class FleetSummary:
+    """What the footer shows."""
+
+    connected: int
+    total: int
+    oldest_age_s: float | None
+    gpus: int
+    problems: int
+
+
+@dataclass(slots=True)
+class HeatmapNode:
+    """One node's cells for the heatmap: a 0..1 value per GPU (None = N/A)."""
+
+    name: str
+    status: NodeStatus
+    isolated: bool
+    mismatch: bool
+    values: list[float | None]
+
+
+@dataclass(slots=True)
+class TrainingSummary:
+    """The training run as the most advanced trainer status reports it."""
+
+    node: str
+    status: TrainerStatus
+    age_s: float | None
+    loss: list[tuple[int, float]]
+    nodes_reporting: int
+
+
+# ------------------------------------------------------------------------ log query
+
+
+SEVERITIES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+
+
+class QueryError(ValueError):
+    """A logs query that cannot be used; the message says which part and why."""
+
+
+@dataclass(slots=True)
+class LogQuery:
+    """``node:node[01-04] sev:error since:10m until:2m <regex>`` parsed."""
+
+    nodes: list[str] | None = None
+    min_severity: str | None = None
+    since_s: float | None = None  # seconds back from now
+    until_s: float | None = None
+    pattern: re.Pattern[str] | None = None
+
+    @property
+    def regex(self) -> str:
+        return self.pattern.pattern if self.pattern else ""
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise QueryError(f"bad duration {text!r} (expected e.g. 30s, 10m, 2h)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_log_query(text: str) -> LogQuery:
+    """Parse the Logs view's one-line query; raises :class:`QueryError` with a one-line reason."""
+    query = LogQuery()
+    words: list[str] = []
+    for token in text.split():
+        key, sep, value = token.partition(":")
+        if sep and key in ("node", "nodes"):
+            try:
+                query.nodes = expand(value)
+            except HostlistError as exc:
+                raise QueryError(f"node set: {exc}") from None
+        elif sep and key in ("sev", "severity"):
+            if value not in SEVERITIES:
+                raise QueryError(f"severity {value!r} is not one of {', '.join(SEVERITIES)}")
+            query.min_severity = value
+        elif sep and key == "since":
+            query.since_s = parse_duration(value)
+        elif sep and key == "until":
+            query.until_s = parse_duration(value)
+        else:
+            words.append(token)
+    if words:
+        try:
+            query.pattern = re.compile(" ".join(words), re.IGNORECASE)
+        except re.error as exc:
+            raise QueryError(f"bad regular expression: {exc}") from None
+    return query
+
+
+def severity_rank(severity: str) -> int:
+    """Unknown severities from newer agents rank as warnings: shown, not dropped."""
+    try:
+        return SEVERITIES.index(severity)
+    except ValueError:
+        return SEVERITIES.index("warning")
+
+
+@dataclass(slots=True)
+class LogEntry:
+    """One line of the Logs view: an event or a log line, merged by time."""
+
+    ts: float
+    node: str
+    severity: str
+    source: str
+    text: str
+    is_event: bool
+
+
+def event_text(event: Event) -> str:
+    """An event as one line of plain text."""
+    parts = [str(event.kind)]
+    if event.gpu is not None:
+        parts.append(f"gpu{event.gpu}")
+    if event.code is not None:
+        parts.append(f"code={event.code}")
+    if event.message:
+        parts.append(str(event.message))
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- store
+
+
+class StateStore:
+    """The newest state of every node, fed frame by frame, read on the UI's tick."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.nodes: dict[str, NodeState] = {}
+        self.events: deque[EventRecord] = deque(maxlen=FLEET_EVENTS)
+        self.logs: deque[LogRecord] = deque(maxlen=FLEET_LOG_LINES)
+        self.loss: deque[tuple[int, float]] = deque(maxlen=LOSS_POINTS)
+        self.generation = 0  # bumped on every change, so a view can skip an idle tick
+        self._seq = 0
+        self._names: dict[str, str] = {}  # agent-given name -> key, so lookups by name stay O(1)
+        self._majority: str | None = None
+        self._stack_dirty = True
+
+    # ------------------------------------------------------------------ writing
+
+    def node(self, key: str, name: str | None = None) -> NodeState:
+        """The node called ``key``, created on first sight."""
+        state = self.nodes.get(key)
+        if state is None:
+            state = self.nodes[key] = NodeState(key=key, name=name or key)
+            self._names[state.name] = key
+        return state
+
+    def _rename(self, node: NodeState, name: str) -> None:
+        if name and name != node.name:
+            self._names.pop(node.name, None)
+            node.name = name
+            self._names[name] = node.key
+
+    def set_link(
+        self, key: str, state: str, *, name: str | None = None, error: str | None = None, role: str | None = None
+    ) -> None:
+        """Record a link change from the fleet (connecting, connected, stale, down, refused)."""
+        node = self.node(key, name)
+        if name:
+            self._rename(node, name)
+        node.link = str(state)
+        node.link_error = error
+        if role is not None:
+            node.role = role
+        self.generation += 1
+
+    def apply(self, frame: Frame, key: str | None = None) -> None:
+        """Take one frame from a node. ``key`` names the connection; it defaults to the frame's node."""
+        node = self.node(key or str(frame.node), str(frame.node) or None)
+        now = self.clock.now()
+        node.last_frame_at = now
+        self.generation += 1
+        if isinstance(frame, Sample):
+            self._apply_sample(node, frame, now)
+        elif isinstance(frame, Event):
+            self._apply_event(node, frame, now)
+        elif isinstance(frame, LogLine):
+            self.add_log(node.name, frame, node)
+        elif isinstance(frame, Hello):
+            self._apply_hello(node, frame)
+        elif isinstance(frame, Gap):
+            node.gaps += max(frame.to_seq - frame.from_seq + 1, 0)
+        elif isinstance(frame, Error):
+            node.last_error = f"{frame.code}: {frame.message}" if frame.message else str(frame.code)
+        elif isinstance(frame, ActionResult) and not frame.ok:
+            node.last_error = f"{frame.action} failed: {frame.message}"
+
+    def _apply_hello(self, node: NodeState, hello: Hello) -> None:
+        node.hello = hello
+        if hello.node:
+            self._rename(node, str(hello.node))
+        node.role = str(hello.role)
+        node.interval = hello.interval if hello.interval > 0 else 1.0
+        node.isolated = hello.isolated
+        self._stack_dirty = True
+
+    def _apply_sample(self, node: NodeState, sample: Sample, now: float) -> None:
+        node.sample = sample
+        node.last_sample_at = now
+        node.isolated = sample.isolated
+        history = node.gpu_history
+        for gpu in sample.gpus:
+            while len(history) <= gpu.index:
+                history.append(MetricRing(4))
+            mem = None
+            if gpu.mem_used_mb is not None and gpu.mem_total_mb:
+                mem = 100.0 * gpu.mem_used_mb / gpu.mem_total_mb
+            history[gpu.index].push((gpu.util, gpu.temp_c, gpu.power_w, mem))
+        host = sample.host
+        mem_pct = None
+        if host.mem_used_mb is not None and host.mem_total_mb:
+            mem_pct = 100.0 * host.mem_used_mb / host.mem_total_mb
+        rx = sum(n.rx_bps for n in host.nics) if host.nics else None
+        tx = sum(n.tx_bps for n in host.nics) if host.nics else None
+        node.host_history.push((host.cpu_percent, mem_pct, rx, tx))
+        trainer = sample.trainer
+        if trainer is not None and trainer.step is not None and trainer.loss is not None:
+            if not self.loss or trainer.step > self.loss[-1][0]:
+                self.loss.append((trainer.step, trainer.loss))
+
+    def _apply_event(self, node: NodeState, event: Event, now: float) -> None:
+        self._seq += 1
+        record = EventRecord(self._seq, node.name, now, event)
+        node.events.append(record)
+        self.events.append(record)
+        if event.kind == "xid" and event.gpu is not None:
+            node.xids[event.gpu] += 1
+        if event.kind == "isolated":
+            node.isolated = True
+        elif event.kind == "unisolated":
+            node.isolated = False
+
+    def add_log(self, name: str, line: LogLine, node: NodeState | None = None) -> None:
+        """Append a streamed log line to the node's tail and the fleet's."""
+        self._seq += 1
+        record = LogRecord(self._seq, name, line)
+        target = node or self.by_name(name)
+        if target is not None:
+            target.logs.append(record)
+        self.logs.append(record)
+        self.generation += 1
+
+    # ------------------------------------------------------------------ reading
+
+    def by_name(self, name: str) -> NodeState | None:
+        """The node whose agent calls itself ``name`` (or whose key is ``name``)."""
+        key = self._names.get(name, name)
+        return self.nodes.get(key)
+
+    def majority_stack(self) -> str | None:
+        """The software stack hash most nodes report; recomputed only after a Hello."""
+        if self._stack_dirty:
+            counts = Counter(n.stack_hash for n in self.nodes.values() if n.stack_hash)
+            self._majority = counts.most_common(1)[0][0] if counts else None
+            self._stack_dirty = False
+        return self._majority
+
+    def stack_mismatch(self, node: NodeState) -> bool:
+        majority = self.majority_stack()
+        return bool(majority and node.stack_hash and node.stack_hash != majority)
+
+    def status(self, node: NodeState, now: float | None = None) -> NodeStatus:
+        """Down and refused come from the link; stale means no frame within three intervals."""
+        if node.link in ("down", "refused"):
+            return NodeStatus(node.link)
+        if node.last_frame_at is None:
+            return NodeStatus.CONNECTING
+        now = self.clock.now() if now is None else now
+        if node.link == "stale" or now - node.last_frame_at > STALE_INTERVALS * node.interval:
+            return NodeStatus.STALE
+        return NodeStatus.OK
+
+    def age(self, node: NodeState, now: float | None = None) -> float | None:
+        if node.last_frame_at is None:
+            return None
+        return max((self.clock.now() if now is None else now) - node.last_frame_at, 0.0)
+
+    def summary(self) -> FleetSummary:
+        now = self.clock.now()
+        connected = 0
+        oldest: float | None = None
+        gpus = problems = 0
+        for node in self.nodes.values():
+            status = self.status(node, now)
+            if status is NodeStatus.OK:
+                connected += 1
+            else:
+                problems += 1
+            if node.last_frame_at is not None:
+                age = now - node.last_frame_at
+                oldest = age if oldest is None else max(oldest, age)
+            if node.sample is not None:
+                gpus += len(node.sample.gpus)
+        return FleetSummary(connected, len(self.nodes), oldest, gpus, problems)
+
+    def node_row(self, node: NodeState, now: float) -> NodeRow:
+        sample = node.sample
+        util = temp = power = mem = rx = tx = step = None
+        ngpu = bad = 0
+        if sample is not None:
+            utils: list[float] = []
+            temps: list[float] = []
+            powers: list[float] = []
+            used = total = 0.0
+            for gpu in sample.gpus:
+                ngpu += 1
+                if gpu_health(gpu, node.xids.get(gpu.index, 0)) >= 1.0:
+                    bad += 1
+                if gpu.util is not None:
+                    utils.append(gpu.util)
+                if gpu.temp_c is not None:
+                    temps.append(gpu.temp_c)
+                if gpu.power_w is not None:
+                    powers.append(gpu.power_w)
+                if gpu.mem_used_mb is not None and gpu.mem_total_mb:
+                    used += gpu.mem_used_mb
+                    total += gpu.mem_total_mb
+            util = sum(utils) / len(utils) if utils else None
+            temp = max(temps) if temps else None
+            power = sum(powers) if powers else None
+            mem = 100.0 * used / total if total else None
+            nics = sample.host.nics
+            if nics:
+                rx = sum(n.rx_bps for n in nics)
+                tx = sum(n.tx_bps for n in nics)
+            if sample.trainer is not None:
+                step = sample.trainer.step_time_s
+        elif node.hello is not None:
+            ngpu = len(node.hello.gpus)
+        return NodeRow(
+            name=node.name,
+            status=self.status(node, now),
+            isolated=node.isolated,
+            mismatch=self.stack_mismatch(node),
+            gpus=ngpu,
+            gpu_bad=bad,
+            util=util,
+            temp_max=temp,
+            power_w=power,
+            mem_pct=mem,
+            rx_bps=rx,
+            tx_bps=tx,
+            step_time_s=step,
+            age_s=self.age(node, now),
+            error=node.link_error or node.last_error,
+        )
+
+    def node_rows(self, sort: str = "name", reverse: bool = False, filter_text: str = "") -> list[NodeRow]:
+        """The node table: filtered by a case-insensitive substring of name, status or flags."""
+        now = self.clock.now()
+        needle = filter_text.strip().lower()
+        rows = []
+        for node in self.nodes.values():
+            row = self.node_row(node, now)
+            if needle and needle not in f"{row.name} {row.status} {row.flags}".lower():
+                continue
+            rows.append(row)
+        rows.sort(key=lambda r: _sort_value(r, sort), reverse=reverse)
+        if reverse:
+            # Keep N/A at the bottom when the order flips.
+            rows.sort(key=lambda r: _sort_value(r, sort)[0])
+        return rows
+
+    def heatmap(self, metric: Metric, only: set[str] | None = None) -> list[HeatmapNode]:
+        """Cells for the heatmap in order of first sight, limited to the names in ``only`` when given."""
+        now = self.clock.now()
+        out = []
+        for node in self.nodes.values():
+            if only is not None and node.name not in only:
+                continue
+            if node.sample is not None:
+                values = [gpu_metric(g, metric, node.xids.get(g.index, 0)) for g in node.sample.gpus]
+            else:
+                values = [None] * (len(node.hello.gpus) if node.hello else 0)
+            out.append(HeatmapNode(node.name, self.status(node, now), node.isolated, self.stack_mismatch(node), values))
+        return out
+
+    def training(self) -> TrainingSummary | None:
+        """The most advanced trainer status across nodes, or None when no trainer is attached."""
+        best: tuple[NodeState, TrainerStatus] | None = None
+        reporting = 0
+        for node in self.nodes.values():
+            status = node.trainer
+            if status is None:
+                continue
+            reporting += 1
+            if best is None or (status.step or -1) > (best[1].step or -1):
+                best = (node, status)
+        if best is None:
+            return None
+        node, status = best
+        return TrainingSummary(node.name, status, self.age(node), list(self.loss), reporting)
+
+    def log_entries(self, query: LogQuery, limit: int = 2000) -> list[LogEntry]:
+        """Events and streamed log lines matching ``query``, oldest first, newest ``limit`` kept."""
+        now = self.clock.now()
+        nodes = set(query.nodes) if query.nodes else None
+        min_rank = severity_rank(query.min_severity) if query.min_severity else None
+        since = now - query.since_s if query.since_s is not None else None
+        until = now - query.until_s if query.until_s is not None else None
+        out: list[LogEntry] = []
+        for rec in self.events:
+            ev = rec.event
+            ts = ev.ts or rec.received_at
+            entry = LogEntry(ts, rec.node, str(ev.severity), str(ev.source) or "event", event_text(ev), True)
+            if _matches(entry, nodes, min_rank, since, until, query.pattern):
+                out.append(entry)
+        # Raw log lines carry no severity: a severity filter keeps events only.
+        if min_rank is None:
+            for rec in self.logs:
+                line = rec.line
+                entry = LogEntry(line.line_ts or line.ts, rec.node, "", str(line.source), str(line.line), False)
+                if _matches(entry, nodes, None, since, until, query.pattern):
+                    out.append(entry)
+        out.sort(key=lambda e: e.ts)
+        return out[-limit:]
+
+
+def _matches(
+    entry: LogEntry,
+    nodes: set[str] | None,
+    min_rank: int | None,
+    since: float | None,
+    until: float | None,
+    pattern: re.Pattern[str] | None,
+) -> bool:
+    if nodes is not None and entry.node not in nodes:
+        return False
+    if min_rank is not None and severity_rank(entry.severity) < min_rank:
+        return False
+    if since is not None and entry.ts < since:
+        return False
+    if until is not None and entry.ts > until:
+        return False
+    return pattern is None or bool(pattern.search(entry.text) or pattern.search(entry.source))
+
+
+def finite(value: float) -> bool:
+    return not math.isnan(value)

@@ -1,0 +1,207 @@
+"""The state store: what the console shows, fed frames as the fleet would, with a clock tests move."""
+
+from __future__ import annotations
+
+from agents.protocol import (
+    Event,
+    GpuInfo,
+    GpuSample,
+    Hello,
+    HostSample,
+    LogLine,
+    NicSample,
+    Sample,
+    StackFingerprint,
+    Text,
+    TrainerStatus,
+    decode_agent_frame,
+    encode,
+)
+from console.state import (
+    GPU_UTIL,
+    ManualClock,
+    Metric,
+    NodeStatus,
+    QueryError,
+    StateStore,
+    parse_log_query,
+)
+
+import pytest
+
+T0 = 1_700_000_000.0
+
+
+# ------------------------------------------------------------- synthetic frames
+
+
+def make_hello(name: str, gpus: int = 8, stack: str = "stack-a", role: str = "operator",
+               gpu_name: str = "NVIDIA H100 80GB HBM3") -> Hello:
+    return Hello(node=Text(name), role=Text(role), interval=1.0, stack=StackFingerprint(hash=Text(stack)),
+                 gpus=[GpuInfo(index=i, uuid=Text(f"GPU-{name}-{i}"), name=Text(gpu_name)) for i in range(gpus)])
+
+
+def make_sample(name: str, seq: int, gpus: int = 8, *, util: float | None = None, temp: float = 60.0,
+                trainer: TrainerStatus | None = None, state: str = "ok", isolated: bool = False) -> Sample:
+    """Deterministic readings that differ per GPU and per node so heatmaps and sorts have something to show."""
+    h = sum(map(ord, name))
+    gs = []
+    for i in range(gpus):
+        u = (h * 7 + i * 13 + seq * 3) % 100 if util is None else util
+        gs.append(GpuSample(index=i, util=float(u), temp_c=temp + (h + i) % 15, power_w=300.0 + 20 * i,
+                            mem_used_mb=40_000.0 + 1000 * i, mem_total_mb=81_920.0, ecc_sbe=0, ecc_dbe=0,
+                            state=Text(state)))
+    host = HostSample(cpu_percent=float(20 + seq % 50), mem_used_mb=200_000.0, mem_total_mb=1_000_000.0,
+                      nics=[NicSample(name=Text("ib0"), rx_bps=1.2e9 + seq, tx_bps=1.1e9)])
+    return Sample(node=Text(name), seq=seq, ts=T0 + seq, gpus=gs, host=host, trainer=trainer, isolated=isolated)
+
+
+def make_trainer(step: int, ranks: int = 4, straggler: int | None = None) -> TrainerStatus:
+    times = {str(r): 0.5 + (1.5 if r == straggler else 0.01 * r) for r in range(ranks)}
+    return TrainerStatus(job=Text("llama-8b"), phase=Text("training"), step=step, loss=4.0 / (1 + step / 50),
+                         tokens_per_s=123_456.0, step_time_s=0.52, rank_step_times=times,
+                         stragglers=[straggler] if straggler is not None else [], world_size=ranks,
+                         membership=[Text(f"node{r:02d}") for r in range(ranks)], checkpoints={"0": step - 1})
+
+
+def fill_fleet(store: StateStore, names: list[str], gpus: int = 8, samples: int = 3) -> None:
+    """Hello and a few samples per node, a second of store time between rounds."""
+    clock = store.clock
+    for name in names:
+        store.set_link(name, "connected", role="operator")
+        store.apply(make_hello(name, gpus))
+    for seq in range(1, samples + 1):
+        for name in names:
+            store.apply(make_sample(name, seq, gpus))
+        if isinstance(clock, ManualClock) and seq < samples:
+            clock.advance(1.0)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def store(clock: ManualClock) -> StateStore:
+    return StateStore(clock)
+
+
+# ------------------------------------------------------------------------ tests
+
+
+def test_a_node_without_frames_for_three_intervals_is_stale_and_keeps_its_values(store, clock) -> None:
+    fill_fleet(store, ["node01", "node02"])
+    clock.advance(2.5)
+    store.apply(make_sample("node02", 10))
+    clock.advance(1.0)
+    rows = {r.name: r for r in store.node_rows()}
+    assert rows["node01"].status is NodeStatus.STALE
+    assert rows["node01"].util is not None  # last good values stay
+    assert rows["node01"].age_s == pytest.approx(3.5)
+    assert rows["node02"].status is NodeStatus.OK
+    assert store.summary().connected == 1
+
+
+def test_a_down_link_shows_its_error(store) -> None:
+    fill_fleet(store, ["node01"])
+    store.set_link("node01", "down", error="connection reset by peer")
+    row = store.node_rows()[0]
+    assert row.status is NodeStatus.DOWN
+    assert row.error == "connection reset by peer"
+
+
+def test_the_node_whose_stack_differs_from_the_majority_is_flagged(store) -> None:
+    for name in ("a", "b", "c"):
+        store.apply(make_hello(name, stack="good"))
+    store.apply(make_hello("d", stack="other"))
+    flagged = {r.name for r in store.node_rows() if r.mismatch}
+    assert flagged == {"d"}
+
+
+def test_sorting_by_temperature_puts_na_last_either_way(store) -> None:
+    fill_fleet(store, ["n1", "n2", "n3"])
+    store.apply(make_sample("n2", 9, temp=80.0))
+    store.set_link("n4", "connecting")
+    up = [r.name for r in store.node_rows("temp")]
+    down = [r.name for r in store.node_rows("temp", reverse=True)]
+    assert up[-1] == "n4" and down[-1] == "n4"
+    assert down[0] == "n2"
+
+
+def test_filter_matches_name_state_and_flags(store) -> None:
+    fill_fleet(store, ["gpu-a1", "gpu-a2", "gpu-b1"])
+    store.set_link("gpu-b1", "down", error="x")
+    assert [r.name for r in store.node_rows(filter_text="a")] == ["gpu-a1", "gpu-a2"]
+    assert [r.name for r in store.node_rows(filter_text="down")] == ["gpu-b1"]
+
+
+def test_history_ring_keeps_the_newest_points_in_order(store) -> None:
+    store.apply(make_hello("n1", gpus=1))
+    for seq in range(200):
+        store.apply(make_sample("n1", seq, gpus=1, util=float(seq % 100)))
+    series = store.nodes["n1"].gpu_history[0].series(GPU_UTIL)
+    assert len(series) == 120
+    assert series[-1] == 99.0 and series[0] == float(80 % 100)
+
+
+def test_heatmap_health_marks_a_gpu_that_fell_off_the_bus(store) -> None:
+    store.apply(make_hello("n1", gpus=2))
+    store.apply(make_sample("n1", 1, gpus=2, state="lost"))
+    assert store.heatmap(Metric.HEALTH)[0].values == [1.0, 1.0]
+    assert store.heatmap(Metric.UTIL)[0].values == [None, None]  # N/A, not zero
+
+
+def test_xid_events_count_per_gpu_and_reach_the_fleet_log(store) -> None:
+    fill_fleet(store, ["n1"])
+    store.apply(Event(node=Text("n1"), kind=Text("xid"), severity=Text("error"), gpu=3, code=79,
+                      message=Text("GPU has fallen off the bus"), ts=T0))
+    assert store.nodes["n1"].xids[3] == 1
+    assert store.node_rows()[0].gpu_bad == 1
+    entries = store.log_entries(parse_log_query("sev:error fallen"))
+    assert [e.node for e in entries] == ["n1"] and "code=79" in entries[0].text
+
+
+def test_log_query_filters_by_node_set_severity_and_time(store, clock) -> None:
+    for i, name in enumerate(["node01", "node02", "node03"]):
+        store.apply(Event(node=Text(name), kind=Text("nccl_timeout"), severity=Text("warning" if i else "critical"),
+                          message=Text("watchdog"), ts=clock.now() - 600 * i))
+    store.add_log("node02", LogLine(node=Text("node02"), source=Text("trainer"), line=Text("loss=nan"),
+                                    line_ts=clock.now()))
+    q = parse_log_query("node:node[01-02] since:5m")
+    assert {(e.node, e.is_event) for e in store.log_entries(q)} == {("node01", True), ("node02", False)}
+    assert [e.node for e in store.log_entries(parse_log_query("sev:error"))] == ["node01"]
+    assert [e.text for e in store.log_entries(parse_log_query("loss=NAN"))] == ["loss=nan"]
+
+
+@pytest.mark.parametrize("bad, words", [("node:node[1-", "node set"), ("sev:loud", "severity"),
+                                        ("since:yesterday", "duration"), ("(unclosed", "regular expression")])
+def test_a_bad_log_query_says_which_part_is_wrong(bad: str, words: str) -> None:
+    with pytest.raises(QueryError, match=words):
+        parse_log_query(bad)
+
+
+def test_training_summary_follows_the_most_advanced_trainer(store) -> None:
+    assert store.training() is None
+    store.apply(make_sample("n1", 1, trainer=make_trainer(10)))
+    store.apply(make_sample("n2", 1, trainer=make_trainer(12, straggler=2)))
+    store.apply(make_sample("n1", 2, trainer=make_trainer(11)))  # an older step does not rewind the curve
+    summary = store.training()
+    assert summary is not None and summary.node == "n2" and summary.nodes_reporting == 2
+    assert [s for s, _ in summary.loss] == [10, 12]
+
+
+def test_hostile_strings_from_a_node_arrive_cleaned_and_are_kept_verbatim_otherwise(store) -> None:
+    evil = "[bold red]pwn[/]\x1b]52;c;aGk=\x07\x1b[2J"
+    frame = decode_agent_frame(encode(make_hello(evil)))
+    store.apply(frame)
+    (node,) = store.nodes.values()
+    assert "\x1b" not in node.name and "\x07" not in node.name
+    assert node.name.startswith("[bold red]pwn[/]")  # markup stays literal text; rendering never parses it
+
+
+def test_a_renamed_node_is_found_by_its_agent_name(store) -> None:
+    store.set_link("10.0.0.5:8022", "connecting")
+    store.apply(make_hello("gpu-17"), key="10.0.0.5:8022")
+    assert store.by_name("gpu-17") is store.nodes["10.0.0.5:8022"]
+    assert [r.name for r in store.node_rows()] == ["gpu-17"]
