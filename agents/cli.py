@@ -1,9 +1,61 @@
-"""Subcommands of this area (placeholder until the area lands)."""
+"""``gridwatch agent``: the headless daemon that runs on every node."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+
+from console.cli import EXIT_ERROR
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # noqa: ARG001 - filled in by the area
-    return None
+def register(sub: argparse._SubParsersAction) -> None:
+    ap = sub.add_parser(
+        "agent",
+        help="run the node agent (GPUs, host, logs, trainer) and serve it over SSH",
+        description="Run the node agent: sample GPUs (NVML or simulated), the host and logs every "
+        "interval and serve the stream to consoles over SSH (subsystem 'gridwatch'). "
+        "Settings come from --config (TOML, an [agent] table) and are overridden by flags.",
+    )
+    ap.add_argument("--config", metavar="FILE", help="TOML file with the settings below (keys as the flag names, '_' or '-')")
+    ap.add_argument("--node-name", help="the name consoles show (default: the hostname)")
+    ap.add_argument("--listen", metavar="HOST:PORT", help="SSH listen address (default 0.0.0.0:8022; port 0 picks one)")
+    ap.add_argument("--host-key", metavar="PATH", help="the agent's SSH host key (default /etc/gridwatch/agent_host_key)")
+    ap.add_argument("--authorized-viewers", metavar="PATH", help="public keys allowed to stream and search")
+    ap.add_argument("--authorized-operators", metavar="PATH", help="public keys also allowed to act")
+    ap.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus /metrics here (dcgm-exporter names)")
+    ap.add_argument("--interval", type=float, help="seconds between samples (default 1)")
+    ap.add_argument("--log", action="append", metavar="PATH", help="a log file to tail (repeatable)")
+    ap.add_argument("--no-kernel-log", dest="kernel_log", action="store_const", const=False, help="do not read the kernel log")
+    ap.add_argument("--simulate-gpus", type=int, metavar="N", help="simulate N GPUs instead of reading NVML")
+    ap.add_argument("--sim-seed", type=int, help="seed of the simulated GPUs (default 0)")
+    ap.add_argument("--trainer-socket", metavar="PATH", help="the local trainer's control socket")
+    ap.add_argument("--scene-dir", metavar="DIR", help="where capture_scene keeps incident bundles")
+    ap.add_argument("--log-level", default="INFO", help="agent log level (default INFO)")
+    ap.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from loguru import logger
+
+    from agents.config import ConfigError, load
+    from agents.runner import run_agent
+
+    logger.remove()
+    logger.add(sys.stderr, level=args.log_level.upper(), format="{time:YYYY-MM-DD HH:mm:ss} {level} [{extra[node]}] {message}")
+    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "func", "command", "log_level")}
+    try:
+        config = load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"gridwatch agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    logger.configure(extra={"node": config.node_name})
+    try:
+        asyncio.run(run_agent(config))
+    except RuntimeError as exc:
+        print(f"gridwatch agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"gridwatch agent: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0

@@ -1,9 +1,193 @@
-"""Subcommands of this area (placeholder until the area lands)."""
+"""``gridwatch tail`` (frames from many agents to stdout) and ``gridwatch keys``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+import tomllib
+from pathlib import Path
+
+from console.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # noqa: ARG001 - filled in by the area
-    return None
+def add_target_options(ap: argparse.ArgumentParser, required: bool = True) -> None:
+    """The options every command that talks to agents shares."""
+    group = ap.add_mutually_exclusive_group(required=required)
+    group.add_argument("--nodes", metavar="SPEC", help="agents in hostlist syntax: node[01-16]:8022,10.0.0.5:8022")
+    group.add_argument("--cluster", metavar="FILE", help="cluster.toml with nodes, key and known_hosts")
+    ap.add_argument("--key", metavar="PATH", help="private key to log in with (viewer or operator)")
+    ap.add_argument("--known-hosts", metavar="PATH", help="known_hosts file pinning the agents' host keys")
+
+
+def resolve_targets(args: argparse.Namespace) -> tuple[list, str, str]:
+    """Endpoints, key and known_hosts from flags or cluster.toml; raises ValueError with a one-line reason."""
+    from console.hostlist import HostlistError, parse_endpoints
+
+    spec, key, known = args.nodes, args.key, args.known_hosts
+    if args.cluster:
+        try:
+            data = tomllib.loads(Path(args.cluster).read_text())
+        except OSError as exc:
+            raise ValueError(f"{args.cluster}: cannot read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{args.cluster}: not valid TOML: {exc}") from None
+        base = Path(args.cluster).parent
+        spec = data.get("nodes")
+        if isinstance(spec, list):
+            spec = ",".join(spec)
+        key = key or (str(base / data["key"]) if "key" in data else None)
+        known = known or (str(base / data["known_hosts"]) if "known_hosts" in data else None)
+        if not spec:
+            raise ValueError(f"{args.cluster}: no 'nodes' (e.g. nodes = \"node[01-16]:8022\")")
+    if not key:
+        raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
+    if not known:
+        raise ValueError("no known_hosts: give --known-hosts PATH (or known_hosts = ... in cluster.toml)")
+    for path, what in ((key, "key"), (known, "known_hosts")):
+        if not Path(path).is_file():
+            raise ValueError(f"{what} file {path} does not exist")
+    try:
+        return parse_endpoints(spec), key, known
+    except HostlistError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    tail = sub.add_parser(
+        "tail",
+        help="stream frames from many agents to stdout (and record a trace)",
+        description="Connect to agents and print their frames as they arrive: readable lines, or JSON "
+        "(one frame per line, for jq) with --json. --record FILE also writes every frame to a "
+        "trace that `gridwatch playbook replay` can read.",
+    )
+    add_target_options(tail)
+    tail.add_argument("--json", action="store_true", help="print frames as JSON lines")
+    tail.add_argument("--record", metavar="FILE", help="append every frame to this trace file")
+    tail.add_argument("--logs", action="store_true", help="also stream raw log lines")
+    tail.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    tail.add_argument("--types", metavar="LIST", help="only these frame types, e.g. event,hello")
+    tail.set_defaults(func=_tail)
+
+    keys = sub.add_parser("keys", help="make and trust the SSH keys of a deployment", description="Make and trust keys.")
+    ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
+    init = ksub.add_parser(
+        "init",
+        help="generate host, viewer and operator keys and the files listing them",
+        description="Write agent_host_key(.pub), viewer_key(.pub), operator_key(.pub), authorized_viewers, "
+        "authorized_operators and known_hosts (trusting the host key) into DIR, in OpenSSH formats.",
+    )
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--force", action="store_true", help="replace existing keys")
+    init.set_defaults(func=_keys_init)
+    trust = ksub.add_parser(
+        "trust",
+        help="fetch agents' host keys, show fingerprints, add them to known_hosts",
+        description="Connect to each agent in SPEC, show its host key fingerprint and, after you confirm "
+        "(or with --yes), add it to the known_hosts file.",
+    )
+    trust.add_argument("spec", metavar="SPEC", help="agents in hostlist syntax, e.g. node[01-16]:8022")
+    trust.add_argument("--known-hosts", required=True, metavar="PATH")
+    trust.add_argument("--yes", action="store_true", help="trust without asking")
+    trust.set_defaults(func=_keys_trust)
+    keys.set_defaults(func=lambda a: (keys.print_help(), EXIT_ERROR)[1])
+
+
+def _keys_init(args: argparse.Namespace) -> int:
+    from agents.keys import init_keys
+
+    try:
+        ks = init_keys(args.dir, force=args.force)
+    except FileExistsError as exc:
+        print(f"gridwatch keys: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"gridwatch keys: cannot write {args.dir}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"keys written to {ks.dir}:")
+    for name in ("agent_host_key", "viewer_key", "operator_key", "authorized_viewers", "authorized_operators", "known_hosts"):
+        print(f"  {ks.dir / name}")
+    return EXIT_OK
+
+
+def _keys_trust(args: argparse.Namespace) -> int:
+    from agents.keys import fetch_host_key, trust
+    from console.hostlist import HostlistError, parse_endpoints
+
+    try:
+        endpoints = parse_endpoints(args.spec)
+    except HostlistError as exc:
+        print(f"gridwatch keys trust: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+    async def fetch_all() -> list:
+        return await asyncio.gather(*(fetch_host_key(ep.host, ep.port) for ep in endpoints), return_exceptions=True)
+
+    failed = 0
+    for ep, key in zip(endpoints, asyncio.run(fetch_all())):
+        if isinstance(key, BaseException):
+            print(f"{ep}: cannot fetch host key: {key or type(key).__name__}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{ep}: {key.get_algorithm()} {key.get_fingerprint()}")
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("  not trusted: confirm interactively or pass --yes", file=sys.stderr)
+                failed += 1
+                continue
+            if input("  trust this key? [y/N] ").strip().lower() not in ("y", "yes"):
+                continue
+        written = trust(args.known_hosts, ep.host, ep.port, key)
+        print("  trusted" if written else "  already trusted")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _tail(args: argparse.Namespace) -> int:
+    try:
+        endpoints, key, known = resolve_targets(args)
+    except ValueError as exc:
+        print(f"gridwatch tail: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return asyncio.run(_tail_async(args, endpoints, key, known))
+    except RuntimeError as exc:
+        print(f"gridwatch tail: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+async def _tail_async(args: argparse.Namespace, endpoints: list, key: str, known: str) -> int:
+    from agents import protocol as p
+    from console.fleet import Fleet, FleetOptions, NodeLink
+    from console.render import frame_line
+
+    types = set(args.types.split(",")) if args.types else None
+    record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
+    out = sys.stdout
+
+    def on_frame(link: NodeLink, frame: p.Frame) -> None:
+        data = p.encode(frame)
+        if record is not None:
+            record.write(data)
+        if types and frame.__struct_config__.tag not in types:
+            return
+        out.write(data.decode() if args.json else frame_line(frame) + "\n")
+
+    def on_status(link: NodeLink) -> None:
+        print(f"# {link.endpoint} {link.state}{': ' + link.last_error if link.last_error else ''}", file=sys.stderr)
+
+    fleet = Fleet(endpoints, FleetOptions(key_path=key, known_hosts=known), on_frame, on_status)
+    if args.logs:
+        for link in fleet.links.values():
+            link.want_logs = True
+    await fleet.start()
+    try:
+        if args.duration:
+            await asyncio.sleep(args.duration)
+        else:
+            await asyncio.Event().wait()
+    finally:
+        await fleet.stop()
+        out.flush()
+        if record is not None:
+            record.close()
+    return EXIT_OK if fleet.links and any(l.hello for l in fleet.links.values()) else EXIT_FAILED

@@ -1,0 +1,79 @@
+"""Start an agent from its config: open the sources once, serve until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from loguru import logger
+
+from agents.agent import Agent
+from agents.config import AgentConfig
+
+
+def build_agent(config: AgentConfig) -> Agent:
+    """Open every source named by the config (each once) and wire them to an Agent."""
+    from agents.logs import LogTailer
+    from agents.sources.host import HostSource
+    from agents.sources.nvml import open_gpu_source
+    from agents.stack import fingerprint
+
+    gpus, notes = open_gpu_source(config.simulate_gpus, config.sim_seed)
+    for note in notes:
+        logger.bind(node=config.node_name).warning(note)
+    tailer = LogTailer(config.log, kernel=config.kernel_log)
+    metrics = None
+    if config.metrics_listen:
+        from agents.metrics import MetricsExporter
+
+        metrics = MetricsExporter()
+    trainer = None
+    if config.trainer_socket:
+        from agents.trainer_link import TrainerLink
+
+        trainer = TrainerLink(config.trainer_socket, interval=config.interval)
+    return Agent(
+        config,
+        gpus=gpus,
+        host=HostSource(nics=config.nics or None),
+        tailer=tailer,
+        metrics=metrics,
+        trainer=trainer,
+        stack=fingerprint(),
+        notes=notes,
+    )
+
+
+async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; the bound port is logged (``--listen HOST:0`` picks one)."""
+    from agents.server import serve
+
+    agent = build_agent(config)
+    host, port = config.listen_addr()
+    acceptor = await serve(agent, host, port)
+    bound = acceptor.sockets[0].getsockname()[1] if acceptor.sockets else port
+    log = logger.bind(node=str(agent.node))
+    log.info("agent {} listening on {}:{} (subsystem gridwatch)", agent.node, host, bound)
+    if agent.metrics is not None and config.metrics_addr():
+        mhost, mport = config.metrics_addr()  # type: ignore[misc]
+        agent.metrics.start(mhost, mport)  # type: ignore[attr-defined]
+        log.info("metrics on http://{}:{}/metrics", mhost, mport)
+    if agent.trainer is not None:
+        agent.trainer.start()  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, agent.stop)
+        except (NotImplementedError, RuntimeError):
+            pass
+    if ready is not None:
+        ready.set()
+    try:
+        await agent.run()
+    finally:
+        acceptor.close()
+        if agent.trainer is not None:
+            await agent.trainer.stop()  # type: ignore[attr-defined]
+        if agent.gpus is not None:
+            agent.gpus.close()  # type: ignore[attr-defined]
+        log.info("agent stopped")

@@ -1,0 +1,80 @@
+"""The agent's side of the local trainer's control socket: status in, controls out.
+
+Polled in the background so a slow or stuck trainer never delays a tick; the
+sampler reads the newest status it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from loguru import logger
+
+from agents import protocol as p
+
+
+class TrainerLink:
+    def __init__(self, socket_path: str, interval: float = 1.0, timeout: float = 2.0) -> None:
+        self.socket_path = socket_path
+        self.interval = interval
+        self.timeout = timeout
+        self.status: p.TrainerStatus | None = None
+        self.attached = False
+        self._events: list[p.Event] = []
+        self._seen_event_seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self.last_ok: float | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def take_events(self) -> list[p.Event]:
+        events, self._events = self._events, []
+        return events
+
+    async def control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send one control; the reply is a dict with ``ok`` and ``message`` or ``error``."""
+        from trainer.control import request
+
+        try:
+            return await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
+        except (OSError, TimeoutError, ValueError) as exc:
+            return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}"}
+
+    async def _poll_forever(self) -> None:
+        from trainer.control import read_status
+
+        while True:
+            try:
+                status, events = await read_status(self.socket_path, timeout=self.timeout)
+            except (OSError, TimeoutError, ValueError) as exc:
+                if self.attached:
+                    self.attached = False
+                    logger.warning("trainer at {} stopped answering: {}", self.socket_path, exc or type(exc).__name__)
+                    self._events.append(
+                        p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
+                                message=p.Text(f"the local trainer stopped answering ({exc or type(exc).__name__})"))
+                    )
+                    if self.status is not None:
+                        self.status.phase = p.Text("gone")
+            else:
+                if not self.attached:
+                    logger.info("trainer attached at {}", self.socket_path)
+                self.attached = True
+                self.last_ok = time.time()
+                self.status = status
+                for seq, event in events:
+                    if seq > self._seen_event_seq:
+                        self._seen_event_seq = seq
+                        self._events.append(event)
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,383 @@
+"""The console's side of the stream: one SSH connection per node, kept alive.
+
+Host keys are checked against known_hosts, a lost connection is retried with
+jittered backoff, and a reconnect resumes from the last seq seen, so nothing
+is lost that the agent still holds; what it no longer holds is reported as a
+gap. Data code: never imports textual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import asyncssh
+from loguru import logger
+
+from agents import protocol as p
+from agents.framing import LineBuffer
+from console.hostlist import Endpoint
+
+READ_CHUNK = 65536
+
+
+class LinkState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    STALE = "stale"  # connected, but no frame for 3 intervals
+    DOWN = "down"  # cannot connect or the connection dropped
+    REFUSED = "refused"  # the key or the host key is wrong: retrying will not help by itself
+
+
+@dataclass
+class NodeLink:
+    """What the console knows about its link to one agent."""
+
+    endpoint: Endpoint
+    name: str
+    state: LinkState = LinkState.CONNECTING
+    role: str | None = None
+    last_error: str | None = None
+    last_frame_at: float | None = None
+    last_seq: int = 0
+    gaps: int = 0  # frames the agent no longer had when we asked
+    bad_frames: int = 0
+    hello: p.Hello | None = None
+    want_logs: bool = False
+    attempts: int = 0
+    newer_protocol_noted: bool = False
+
+
+@dataclass
+class FleetOptions:
+    key_path: str
+    known_hosts: str
+    username: str = "gridwatch"
+    connect_timeout: float = 5.0
+    backoff_min: float = 0.5
+    backoff_max: float = 30.0
+    stale_intervals: float = 3.0  # no frame within this many intervals: stale
+    dead_intervals: float = 10.0  # ... this many: drop the connection and reconnect
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+
+FrameCallback = Callable[[NodeLink, p.Frame], None]
+StatusCallback = Callable[[NodeLink], None]
+
+
+def explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
+    """One sentence for the operator: what happened and what to do."""
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return LinkState.REFUSED, (
+            f"{endpoint}: host key not trusted by {known_hosts} (unknown or changed); check its fingerprint, "
+            f"then run: gridwatch keys trust {endpoint} --known-hosts {known_hosts}"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return LinkState.REFUSED, (
+            f"{endpoint}: the agent refused our key; add its .pub to the agent's authorized_viewers or authorized_operators"
+        )
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return LinkState.DOWN, f"{endpoint}: no answer within the timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return LinkState.DOWN, f"{endpoint}: connection refused (is the agent running?)"
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return LinkState.DOWN, f"{endpoint}: the agent refused the gridwatch subsystem: {exc.reason}"
+    if isinstance(exc, OSError):
+        return LinkState.DOWN, f"{endpoint}: {exc.strerror or exc}"
+    if isinstance(exc, asyncssh.Error):
+        return LinkState.DOWN, f"{endpoint}: {exc.reason or type(exc).__name__}"
+    return LinkState.DOWN, f"{endpoint}: {p.clean_text(str(exc), 200) or type(exc).__name__}"
+
+
+class Fleet:
+    """Connections to many agents; frames and status changes go to callbacks."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        options: FleetOptions,
+        on_frame: FrameCallback | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        self.options = options
+        self.on_frame = on_frame or (lambda link, frame: None)
+        self.on_status = on_status or (lambda link: None)
+        self.links: dict[Endpoint, NodeLink] = {ep: NodeLink(endpoint=ep, name=str(ep)) for ep in endpoints}
+        self._procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
+        self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
+        self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client_keys: list[asyncssh.SSHKey] | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        try:
+            self._client_keys = [asyncssh.read_private_key(self.options.key_path)]
+        except (OSError, asyncssh.KeyImportError) as exc:
+            raise RuntimeError(f"cannot read the key {self.options.key_path}: {exc}") from None
+        self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values()]
+        self._tasks.append(asyncio.create_task(self._watch_staleness()))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in list(self._conns.values()):
+            conn.close()
+        self._conns.clear()
+        self._procs.clear()
+
+    def find(self, node: str) -> NodeLink | None:
+        """A link by the agent's node name or by ``host:port``."""
+        for link in self.links.values():
+            if link.name == node or str(link.endpoint) == node:
+                return link
+        return None
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for link in self.links.values() if link.state in (LinkState.CONNECTED, LinkState.STALE))
+
+    # --------------------------------------------------------------- requests
+
+    def _send(self, link: NodeLink, frame: p.Frame) -> bool:
+        proc = self._procs.get(link.endpoint)
+        if proc is None:
+            return False
+        try:
+            proc.stdin.write(p.encode(frame))
+        except (OSError, asyncssh.Error, BrokenPipeError):
+            return False
+        return True
+
+    async def action(
+        self, node: str, action: str, args: dict[str, Any] | None = None, reason: str = "", timeout: float = 30.0
+    ) -> p.ActionResult:
+        """Ask one agent to act; the reply, or a failed result saying why there was none."""
+        link = self.find(node)
+        req_id = uuid.uuid4().hex[:12]
+
+        def failed(msg: str) -> p.ActionResult:
+            return p.ActionResult(id=p.Text(req_id), action=p.Text(action), ok=False, message=p.Text(msg))
+
+        if link is None:
+            return failed(f"unknown node {node!r}")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason))
+            if not self._send(link, frame):
+                return failed(f"{link.name} is not connected ({link.state}: {link.last_error or 'no connection'})")
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return failed(f"{link.name} did not answer {action} within {timeout:g} s")
+        finally:
+            self._pending.pop(req_id, None)
+
+    async def search(
+        self,
+        pattern: str,
+        nodes: list[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 500,
+        on_progress: Callable[[int, int], None] | None = None,
+        timeout: float = 10.0,
+    ) -> list[p.LogLine]:
+        """Ask every (selected, connected) agent; merge the answers by time."""
+        links = [l for l in self.links.values() if nodes is None or l.name in nodes or str(l.endpoint) in nodes]
+        total, answered = len(links), 0
+        results: list[p.LogLine] = []
+
+        async def one(link: NodeLink) -> None:
+            nonlocal answered
+            req_id = uuid.uuid4().hex[:12]
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._pending[req_id] = fut
+            try:
+                if self._send(link, p.Search(id=p.Text(req_id), pattern=p.Text(pattern), since=since, until=until, limit=limit)):
+                    res: p.SearchResult = await asyncio.wait_for(fut, timeout)
+                    for line in res.lines:
+                        line.node = p.Text(link.name)
+                    results.extend(res.lines)
+            except TimeoutError:
+                pass
+            finally:
+                self._pending.pop(req_id, None)
+                answered += 1
+                if on_progress:
+                    on_progress(answered, total)
+
+        await asyncio.gather(*(one(link) for link in links))
+        results.sort(key=lambda line: line.line_ts)
+        return results[-limit:] if limit else results
+
+    def subscribe_logs(self, node: str, on: bool) -> None:
+        link = self.find(node)
+        if link is None:
+            return
+        link.want_logs = on
+        self._send(link, p.Subscribe(resume_from=link.last_seq or None, logs=on))
+
+    # ------------------------------------------------------------ connection
+
+    def _set(self, link: NodeLink, state: LinkState, error: str | None = None) -> None:
+        changed = link.state != state or (error is not None and error != link.last_error)
+        link.state = state
+        if error is not None:
+            link.last_error = error
+        if changed:
+            self.on_status(link)
+
+    async def _run_link(self, link: NodeLink) -> None:
+        log = logger.bind(node=link.name)
+        while not self._stopping:
+            link.attempts += 1
+            try:
+                await self._connect_and_stream(link)
+                link.attempts = 0  # a session that ended cleanly resets the backoff
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # every failure becomes a state and a sentence
+                state, message = explain(link.endpoint, exc, self.options.known_hosts)
+                if message != link.last_error:
+                    log.warning(message)
+                self._set(link, state, message)
+            finally:
+                self._procs.pop(link.endpoint, None)
+                conn = self._conns.pop(link.endpoint, None)
+                if conn is not None:
+                    conn.close()
+            if self._stopping:
+                return
+            if link.state in (LinkState.CONNECTED, LinkState.STALE, LinkState.CONNECTING):
+                self._set(link, LinkState.DOWN, link.last_error or "connection closed")
+            await asyncio.sleep(self._backoff(link))
+
+    def _backoff(self, link: NodeLink) -> float:
+        o = self.options
+        base = min(o.backoff_max, o.backoff_min * 2 ** max(link.attempts - 1, 0))
+        if link.state == LinkState.REFUSED:
+            base = o.backoff_max  # a wrong key stays wrong until someone fixes it
+        # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
+        return base * o.rng.uniform(0.5, 1.0)
+
+    async def _connect_and_stream(self, link: NodeLink) -> None:
+        o = self.options
+        self._set(link, LinkState.CONNECTING)
+        conn = await asyncio.wait_for(
+            asyncssh.connect(
+                link.endpoint.host,
+                link.endpoint.port,
+                username=o.username,
+                client_keys=self._client_keys,
+                known_hosts=o.known_hosts,
+                agent_path=None,
+                config=None,
+                preferred_auth="publickey",
+                encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
+                keepalive_interval=15,
+            ),
+            o.connect_timeout,
+        )
+        self._conns[link.endpoint] = conn
+        proc = await asyncio.wait_for(conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        lines = LineBuffer()
+        hello = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        self._on_hello(link, hello)
+        self._procs[link.endpoint] = proc
+        proc.stdin.write(p.encode(p.Subscribe(resume_from=link.last_seq or None, logs=link.want_logs)))
+        self._set(link, LinkState.CONNECTED, None)
+        while True:
+            data = await proc.stdout.read(READ_CHUNK)
+            if not data:
+                raise ConnectionError("the agent closed the stream")
+            for line in lines.feed(data):
+                self._on_line(link, line)
+            if lines.oversized:
+                link.bad_frames += lines.oversized
+                link.last_error = f"{link.name}: {lines.oversized} oversized frame(s) dropped"
+                lines.oversized = 0
+
+    async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> p.Hello:
+        while True:
+            data = await proc.stdout.read(READ_CHUNK)
+            if not data:
+                err = (await proc.stderr.read(4096)) if proc.stderr else b""
+                raise ConnectionError(p.clean_text(err.decode(errors="replace"), 200) or "the agent closed the stream before its hello")
+            for line in lines.feed(data):
+                frame = p.decode_agent_frame(line)
+                if isinstance(frame, p.Hello):
+                    return frame
+                raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
+
+    def _on_hello(self, link: NodeLink, hello: p.Hello) -> None:
+        if hello.v > p.PROTOCOL_VERSION and not link.newer_protocol_noted:
+            link.newer_protocol_noted = True
+            logger.bind(node=link.name).info("agent speaks protocol v{} (we speak v{}): reading what we understand", hello.v, p.PROTOCOL_VERSION)
+        if hello.node:
+            link.name = str(hello.node)
+        link.role = str(hello.role)
+        link.hello = hello
+        # An agent restarted since we last saw it numbers from 1 again.
+        if hello.last_seq < link.last_seq:
+            link.last_seq = 0
+        link.last_frame_at = self.options.clock()
+        self.on_frame(link, hello)
+
+    def _on_line(self, link: NodeLink, line: bytes) -> None:
+        try:
+            frame = p.decode_agent_frame(line)
+        except p.FrameError as exc:
+            link.bad_frames += 1
+            link.last_error = f"{link.name}: {exc}"
+            if link.bad_frames in (1, 10, 100) or link.bad_frames % 1000 == 0:
+                logger.bind(node=link.name).warning("bad frame #{}: {}", link.bad_frames, exc)
+            return
+        link.last_frame_at = self.options.clock()
+        if link.state == LinkState.STALE:
+            self._set(link, LinkState.CONNECTED)
+        if isinstance(frame, (p.ActionResult, p.SearchResult)):
+            fut = self._pending.get(str(frame.id))
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+            if isinstance(frame, p.SearchResult):
+                return
+        elif isinstance(frame, p.Gap):
+            link.gaps += frame.to_seq - frame.from_seq + 1
+            link.last_seq = max(link.last_seq, frame.to_seq)
+        elif frame.seq:
+            if frame.seq <= link.last_seq:
+                return  # already seen (a resume overlapped)
+            if link.last_seq and frame.seq > link.last_seq + 1:
+                link.gaps += frame.seq - link.last_seq - 1
+            link.last_seq = frame.seq
+        self.on_frame(link, frame)
+
+    async def _watch_staleness(self) -> None:
+        o = self.options
+        while True:
+            now = o.clock()
+            for link in self.links.values():
+                if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
+                    continue
+                interval = link.hello.interval if link.hello else 1.0
+                silent = now - link.last_frame_at
+                if silent > o.dead_intervals * interval:
+                    conn = self._conns.get(link.endpoint)
+                    self._set(link, LinkState.DOWN, f"{link.name}: silent for {silent:.0f} s; reconnecting")
+                    if conn is not None:
+                        conn.close()
+                elif silent > o.stale_intervals * interval and link.state == LinkState.CONNECTED:
+                    self._set(link, LinkState.STALE, f"{link.name}: no frame for {silent:.1f} s")
+            await asyncio.sleep(0.25)

@@ -1,0 +1,120 @@
+"""Shared test fixtures: keys, real agents on loopback, waiting on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+    """Poll ``cond`` until it is truthy; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def wait_until_sync(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def keys(tmp_path: Path):
+    from agents.keys import init_keys
+
+    return init_keys(tmp_path / "keys")
+
+
+@dataclass
+class RunningAgent:
+    agent: object
+    port: int
+    acceptor: object
+    task: asyncio.Task
+
+    @property
+    def spec(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def start_agent(keys, name: str = "node-1", gpus: int = 2, interval: float = 0.1, tailer: object = None, **cfg) -> RunningAgent:
+    """A real agent, in this event loop, serving SSH on a loopback port."""
+    from agents.agent import Agent
+    from agents.config import AgentConfig
+    from agents.server import serve
+    from agents.sources.simulated import SimulatedGpus
+
+    config = AgentConfig(
+        node_name=name,
+        listen="127.0.0.1:0",
+        host_key=str(keys.host_key),
+        authorized_viewers=str(keys.authorized_viewers),
+        authorized_operators=str(keys.authorized_operators),
+        interval=interval,
+        **cfg,
+    )
+    agent = Agent(config, gpus=SimulatedGpus(gpus, seed=1) if gpus else None, tailer=tailer)
+    acceptor = await serve(agent, "127.0.0.1", 0)
+    port = acceptor.sockets[0].getsockname()[1]
+    task = asyncio.create_task(agent.run())
+    return RunningAgent(agent, port, acceptor, task)
+
+
+async def stop_agent(ra: RunningAgent) -> None:
+    ra.agent.stop()
+    ra.acceptor.close()
+    await ra.task
+
+
+@pytest.fixture
+async def agent(keys) -> AsyncIterator[RunningAgent]:
+    ra = await start_agent(keys)
+    yield ra
+    await stop_agent(ra)
+
+
+def spawn_agent(keys, port: int, name: str = "node-1", *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """A real agent process (``gridwatch agent``) for tests that kill it."""
+    cmd = [
+        PYTHON, "-m", "console", "agent",
+        "--node-name", name,
+        "--listen", f"127.0.0.1:{port}",
+        "--host-key", str(keys.host_key),
+        "--authorized-viewers", str(keys.authorized_viewers),
+        "--authorized-operators", str(keys.authorized_operators),
+        "--simulate-gpus", "2",
+        "--interval", "0.2",
+        "--no-kernel-log",
+        *extra,
+    ]
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -1,0 +1,105 @@
+"""The command line an operator meets first: help, version, keys, tail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import asyncssh
+import pytest
+
+from console.cli import build_parser
+from tests.conftest import ROOT, start_agent, stop_agent, wait_until
+
+
+def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console", *args], cwd=ROOT, capture_output=True, text=True, input=input, timeout=60)
+
+
+def _all_commands(parser, prefix=()):
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for name, sub in action.choices.items():
+            yield (*prefix, name)
+            yield from _all_commands(sub, (*prefix, name))
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    commands = list(_all_commands(parser))
+    assert ("agent",) in commands and ("keys", "init") in commands and ("tail",) in commands
+    for cmd in commands:
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args([*cmd, "--help"])
+        assert info.value.code == 0
+
+
+def test_version():
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("gridwatch ")
+
+
+def test_keys_init_writes_openssh_files(tmp_path):
+    out = run_cli("keys", "init", str(tmp_path / "k"))
+    assert out.returncode == 0, out.stderr
+    k = tmp_path / "k"
+    for name in ("agent_host_key", "viewer_key", "operator_key"):
+        assert (k / name).read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert (k / f"{name}.pub").read_text().startswith("ssh-ed25519 ")
+        assert (k / name).stat().st_mode & 0o077 == 0
+    assert (k / "authorized_viewers").read_text() == (k / "viewer_key.pub").read_text()
+    assert (k / "authorized_operators").read_text() == (k / "operator_key.pub").read_text()
+    assert (k / "known_hosts").read_text().split()[1:3] == (k / "agent_host_key.pub").read_text().split()[:2]
+    again = run_cli("keys", "init", str(k))
+    assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_agent_with_a_bad_setting_says_which(tmp_path):
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('[agent]\nintervall = 2\n')
+    out = run_cli("agent", "--config", str(cfg))
+    assert out.returncode == 2 and "unknown setting 'intervall'" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("agent", "--listen", "nowhere")
+    assert out.returncode == 2 and "HOST:PORT" in out.stderr
+
+
+async def test_keys_trust_pins_a_nodes_own_host_key(keys, tmp_path):
+    ra = await start_agent(keys)
+    try:
+        known = tmp_path / "known"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "console", "keys", "trust", ra.spec, "--known-hosts", str(known), "--yes",
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        fp = asyncssh.read_public_key(str(keys.host_key) + ".pub").get_fingerprint()
+        assert fp in out.decode() and "trusted" in out.decode()
+        assert known.read_text().startswith(f"[127.0.0.1]:{ra.port} ssh-ed25519 ")
+    finally:
+        await stop_agent(ra)
+
+
+async def test_tail_streams_json_and_records_a_trace(keys, tmp_path):
+    ra = await start_agent(keys, interval=0.05)
+    trace = tmp_path / "trace.jsonl"
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "console", "tail", "--nodes", ra.spec, "--key", str(keys.viewer_key),
+            "--known-hosts", str(keys.known_hosts), "--json", "--record", str(trace), "--duration", "3",
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        frames = [json.loads(line) for line in out.decode().splitlines()]
+        assert frames[0]["type"] == "hello" and frames[0]["node"] == "node-1"
+        assert any(f["type"] == "sample" for f in frames)
+        assert len(trace.read_text().splitlines()) == len(frames)
+    finally:
+        await stop_agent(ra)
+
+
+def test_tail_with_a_missing_key_file_says_so(tmp_path):
+    out = run_cli("tail", "--nodes", "127.0.0.1:1", "--key", str(tmp_path / "nope"), "--known-hosts", str(tmp_path / "kh"))
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,86 @@
+"""Frames on the wire: typed, versioned, and harmless whatever a node sends."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents import protocol as p
+from agents.framing import LineBuffer
+from agents.ringbuffer import FrameRing
+from console.hostlist import HostlistError, compress, expand, parse_endpoints
+
+
+def test_every_frame_carries_version_type_seq_ts_node():
+    line = p.encode(p.Event(kind=p.Text("xid"), code=79, seq=7, ts=1.5, node=p.Text("n1")))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    for key in (b'"v":1', b'"type":"event"', b'"seq":7', b'"ts":1.5', b'"node":"n1"'):
+        assert key in line
+
+
+@pytest.mark.parametrize(
+    "line,code",
+    [
+        (b'{"type":"event","kind":"xid"', "bad_frame"),  # truncated
+        (b"\x00\xff\xfe garbage", "bad_frame"),
+        (b"[1,2,3]", "bad_frame"),
+        (b'{"type":"quantum_state","v":1}', "unknown_type"),
+        (b'{"type":"event","v":1}', "bad_frame"),  # missing kind
+        (b'{"type":"sample","gpus":"many"}', "bad_frame"),
+        (b"{" + b" " * (p.MAX_FRAME_BYTES + 1) + b"}", "too_large"),
+    ],
+)
+def test_bad_frames_get_a_one_line_reason(line, code):
+    with pytest.raises(p.FrameError) as info:
+        p.decode_agent_frame(line)
+    assert info.value.code == code
+    assert "\n" not in str(info.value)
+
+
+def test_a_newer_protocol_version_is_read_as_far_as_understood():
+    frame = p.decode_agent_frame(b'{"type":"sample","v":7,"seq":3,"node":"n","hologram":{"x":1},"gpus":[{"index":0,"util":50,"qubits":4}]}')
+    assert isinstance(frame, p.Sample) and frame.v == 7 and frame.gpus[0].util == 50
+
+
+def test_node_text_loses_escape_sequences_and_control_characters():
+    hostile = '{"type":"event","kind":"xid","node":"n\\u001b]0;pwned\\u0007\\u001b[2J","message":"a\\u009b31mb\\r\\nc\\u202edcba"}'
+    frame = p.decode_agent_frame(hostile)
+    for text in (frame.node, frame.message):
+        assert not any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F or ch == "\u202e" for ch in text)
+    assert frame.node == "n]0;pwned[2J"
+    result = p.decode_agent_frame('{"type":"action_result","id":"1","action":"x","ok":true,"data":{"k\\u001b":["\\u001b[5m"]}}')
+    assert result.data == {"k": ["[5m"]}
+
+
+def test_long_text_is_clipped():
+    frame = p.decode_agent_frame(p.encode(p.LogLine(source=p.Text("f"), line=p.Text("x" * 1_000_000))))
+    assert len(frame.line) <= p.MAX_LINE_CHARS + 1
+
+
+def test_line_buffer_splits_drops_oversized_and_keeps_a_partial_tail():
+    buf = LineBuffer(limit=10)
+    assert buf.feed(b"ab\ncd") == [b"ab"]
+    assert buf.feed(b"e\n" + b"x" * 25) == [b"cde"]
+    assert buf.feed(b"yyy\nok\n") == [b"ok"]
+    assert buf.oversized == 1
+    assert buf.feed(b"half a fra") == [] and buf.pending == 10  # an agent that died mid-frame
+
+
+def test_ring_resumes_or_reports_the_gap():
+    ring = FrameRing(3)
+    for i in range(1, 6):
+        ring.append(b"%d" % i)
+    assert ring.first_seq == 3 and ring.last_seq == 5
+    assert ring.since(3) == ([b"4", b"5"], None)
+    assert ring.since(0) == ([b"3", b"4", b"5"], (1, 2))
+    assert ring.since(5) == ([], None)
+
+
+def test_hostlist_syntax():
+    assert expand("node[001-003,010]") == ["node001", "node002", "node003", "node010"]
+    assert expand("a[1-2]b[1-2]") == ["a1b1", "a1b2", "a2b1", "a2b2"]
+    assert compress(expand("node[001-128],login1")) == "node[001-128],login1"
+    eps = parse_endpoints("node[01-02]:9000,127.0.0.1:[8022-8023]")
+    assert [str(e) for e in eps] == ["node01:9000", "node02:9000", "127.0.0.1:8022", "127.0.0.1:8023"]
+    for bad in ("node[1-", "node[3-1]", "node[a-b]", "", "n[1-99999999]"):
+        with pytest.raises(HostlistError):
+            expand(bad)
