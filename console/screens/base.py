@@ -1,0 +1,70 @@
+"""The frame every console view shares: a title line, the view, the status bar and the key footer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from console.widgets import StatusBar
+
+if TYPE_CHECKING:
+    from console.app import GridwatchApp
+    from console.runtime import ConsoleRuntime
+    from console.state import StateStore
+
+
+class ViewScreen(Screen[None]):
+    """A view the app refreshes once a tick via :meth:`refresh_view`; never per frame."""
+
+    VIEW_NAME = "view"
+    # Actions that change something: hidden (and refused) in read-only mode.
+    CHANGING_ACTIONS: frozenset[str] = frozenset()
+
+    @property
+    def gw(self) -> GridwatchApp:
+        return cast("GridwatchApp", self.app)
+
+    @property
+    def runtime(self) -> ConsoleRuntime:
+        return self.gw.runtime
+
+    @property
+    def store(self) -> StateStore:
+        return self.gw.runtime.store
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="view-title", classes="view-title")
+        yield from self.compose_view()
+        yield StatusBar(id="status-bar")
+        yield Footer()
+
+    def compose_view(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.tick()
+
+    def on_screen_resume(self) -> None:
+        self.tick()
+
+    def set_title(self, *parts: str | tuple[str, str]) -> None:
+        """Set the title line from plain strings and (text, style) pairs: node text is never markup."""
+        self.query_one("#view-title", Static).update(Text.assemble(*parts))
+
+    def tick(self) -> None:
+        """Redraw from the store: the view, then the status bar."""
+        self.refresh_view()
+        incidents = self.gw.open_incident_count()
+        self.query_one(StatusBar).show(self.store.summary(), self.runtime.read_only, incidents, self.gw.note)
+
+    def refresh_view(self) -> None:
+        """Subclasses redraw their widgets from the store here."""
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.CHANGING_ACTIONS and self.runtime.read_only:
+            return False
+        return True

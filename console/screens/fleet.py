@@ -1,0 +1,169 @@
+"""The home view: the GPU heatmap beside the node table, sortable and filterable."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Input, Static
+
+from console.state import SORT_KEYS, Metric, NodeRow, NodeStatus
+from console.screens.base import ViewScreen
+from console.widgets import Column, GpuHeatmap, TextTable, format_age, format_rate
+from console.widgets.heatmap import LEGEND
+from console.widgets.text_table import Cell
+
+NODE_COLUMNS = [
+    Column("name", "NODE", 16),
+    Column("status", "STATE", 10),
+    Column("flags", "FLAGS", 14),
+    Column("gpus", "GPUS", 5, "right"),
+    Column("util", "UTIL", 5, "right"),
+    Column("temp", "TEMP", 5, "right"),
+    Column("power", "POWER", 6, "right"),
+    Column("mem", "MEM", 5, "right"),
+    Column("rx", "RX", 7, "right"),
+    Column("tx", "TX", 7, "right"),
+    Column("step", "STEP", 6, "right"),
+    Column("age", "SEEN", 6, "right"),
+    Column("error", "ERROR", 40),
+]
+
+STATUS_STYLES: dict[NodeStatus, Style] = {
+    NodeStatus.OK: Style(color="green"),
+    NodeStatus.STALE: Style(color="yellow", bold=True),
+    NodeStatus.DOWN: Style(color="red", bold=True),
+    NodeStatus.REFUSED: Style(color="magenta", bold=True),
+    NodeStatus.CONNECTING: Style(color="grey50"),
+}
+_BAD = Style(color="red", bold=True)
+_WARN = Style(color="yellow")
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "N/A" if value is None else format(value, fmt)
+
+
+def node_cells(row: NodeRow) -> list[Cell]:
+    """One node-table row as plain-text cells: the node's strings are never markup."""
+    gpus = f"{row.gpus - row.gpu_bad}/{row.gpus}" if row.gpu_bad else str(row.gpus)
+    hot = row.temp_max is not None and row.temp_max >= 85
+    return [
+        (row.name, None),
+        (str(row.status), STATUS_STYLES[row.status]),
+        (row.flags, _BAD if row.flags else None),
+        (gpus, _BAD if row.gpu_bad else None),
+        (_num(row.util, ".0f"), None),
+        (_num(row.temp_max, ".0f"), _BAD if hot else None),
+        (_num(row.power_w, ".0f"), None),
+        (_num(row.mem_pct, ".0f"), None),
+        (format_rate(row.rx_bps), None),
+        (format_rate(row.tx_bps), None),
+        (_num(row.step_time_s, ".2f"), None),
+        (format_age(row.age_s), _WARN if row.status is not NodeStatus.OK else None),
+        (row.error or "", _BAD if row.error else None),
+    ]
+
+
+class FleetScreen(ViewScreen):
+    """Heatmap on the left, one table row per node on the right; enter opens a node."""
+
+    VIEW_NAME = "nodes"
+    BINDINGS = [
+        Binding("slash", "filter", "Filter"),
+        Binding("m", "metric", "Metric"),
+        Binding("s", "sort", "Sort"),
+        Binding("r", "reverse", "Reverse"),
+        Binding("tab", "switch_focus", "Heatmap/table", show=False),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metric = Metric.UTIL
+        self.sort_key = "name"
+        self.reverse = False
+        self.filter_text = ""
+
+    def compose_view(self) -> ComposeResult:
+        with Horizontal(id="fleet-body"):
+            with Vertical(id="heatmap-pane"):
+                yield Static(id="heatmap-legend")
+                yield GpuHeatmap(id="heatmap")
+            with Vertical(id="table-pane"):
+                yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (isolated, stack)",
+                            id="fleet-filter")
+                yield TextTable(NODE_COLUMNS, id="node-table")
+
+    def on_mount(self) -> None:
+        self.query_one("#fleet-filter", Input).display = False
+        self.query_one("#node-table", TextTable).focus()
+        super().on_mount()
+
+    def refresh_view(self) -> None:
+        rows = self.store.node_rows(self.sort_key, self.reverse, self.filter_text)
+        table = self.query_one("#node-table", TextTable)
+        table.sort_key, table.sort_reverse = self.sort_key, self.reverse
+        table.set_rows([node_cells(r) for r in rows], [r.name for r in rows])
+        only = {r.name for r in rows} if self.filter_text else None
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
+        self.query_one("#heatmap-legend", Static).update(Text(f"colour: {self.metric}   {LEGEND}"))
+        shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
+        self.set_title(("gridwatch", "bold"), "  nodes", shown)
+
+    # ---------------------------------------------------------------- actions
+
+    def action_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "fleet-filter":
+            self.filter_text = event.value
+            self.refresh_view()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "fleet-filter":
+            self.query_one("#node-table", TextTable).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.value = ""
+        box.display = False
+        self.filter_text = ""
+        self.query_one("#node-table", TextTable).focus()
+        self.refresh_view()
+
+    def action_metric(self) -> None:
+        metrics = list(Metric)
+        self.metric = metrics[(metrics.index(self.metric) + 1) % len(metrics)]
+        self.refresh_view()
+
+    def action_sort(self) -> None:
+        self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)]
+        self.refresh_view()
+
+    def action_reverse(self) -> None:
+        self.reverse = not self.reverse
+        self.refresh_view()
+
+    def action_switch_focus(self) -> None:
+        table = self.query_one("#node-table", TextTable)
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        (heatmap if table.has_focus else table).focus()
+
+    def on_text_table_selected(self, event: TextTable.Selected) -> None:
+        self.gw.open_node(event.key)
+
+    def on_text_table_highlighted(self, event: TextTable.Highlighted) -> None:
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        heatmap.highlight = event.key
+        heatmap.refresh()
+
+    def on_gpu_heatmap_node_clicked(self, event: GpuHeatmap.NodeClicked) -> None:
+        self.query_one("#node-table", TextTable).move_to(event.name)
+        self.gw.open_node(event.name)

@@ -1,0 +1,146 @@
+"""Open and recent incidents: timeline, playbook, audit trail; acknowledge, silence, act."""
+
+from __future__ import annotations
+
+import time
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Static
+
+from console.runtime import IncidentRow
+from console.screens.base import ViewScreen
+from console.screens.confirm import ConfirmScreen, Confirmed
+from console.screens.node import SEVERITY_STYLES
+from console.widgets import Column, TextTable, format_age
+from console.widgets.text_table import Cell
+
+INCIDENT_COLUMNS = [
+    Column("sev", "SEV", 8),
+    Column("state", "STATE", 12),
+    Column("node", "NODE", 16),
+    Column("title", "WHAT", 40),
+    Column("playbook", "PLAYBOOK", 22),
+    Column("age", "AGE", 6, "right"),
+]
+STATE_STYLES = {"open": Style(color="red", bold=True), "acknowledged": Style(color="yellow"),
+                "silenced": Style(color="grey50"), "resolved": Style(color="green")}
+
+
+def _when(ts: float | None) -> str:
+    return "—" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def incident_cells(row: IncidentRow, now: float) -> list[Cell]:
+    return [
+        (row.severity, SEVERITY_STYLES.get(row.severity)),
+        (row.state, STATE_STYLES.get(row.state)),
+        (row.node, None),
+        (row.title, None),
+        (row.playbook or "", None),
+        (format_age(now - row.detected_at), None),
+    ]
+
+
+def incident_detail(row: IncidentRow) -> Text:
+    """Timeline, plan and audit trail of one incident, as plain text."""
+    text = Text()
+    text.append(row.title, style="bold")
+    text.append(f"  on {row.node}  [{row.id}]\n")
+    text.append(f"detected   {_when(row.detected_at)}\n")
+    text.append(f"acted      {_when(row.acted_at)}\n")
+    text.append(f"recovered  {_when(row.recovered_at)}\n")
+    if row.silenced_until is not None and row.state == "silenced":
+        text.append(f"silenced until {_when(row.silenced_until)}\n", style="grey50")
+    text.append(f"playbook   {row.playbook or 'none'}\n")
+    for i, step in enumerate(row.plan, 1):
+        text.append(f"  {i}. {step}\n")
+    text.append("audit trail\n", style="bold")
+    if not row.audit:
+        text.append("  (nothing yet)\n", style="dim")
+    for entry in row.audit:
+        text.append(f"  {_when(entry.at)}  {entry.who}  {entry.what}")
+        if entry.why:
+            text.append(f"  why: {entry.why}")
+        if entry.outcome:
+            text.append(f"  -> {entry.outcome}")
+        text.append("\n")
+    return text
+
+
+class IncidentsScreen(ViewScreen):
+    """Every change asks first (a modal); in read-only mode the changing keys do not exist."""
+
+    VIEW_NAME = "incidents"
+    CHANGING_ACTIONS = frozenset({"acknowledge", "silence", "act"})
+    BINDINGS = [
+        Binding("a", "acknowledge", "Acknowledge"),
+        Binding("s", "silence", "Silence"),
+        Binding("x", "act", "Act (run plan)"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, IncidentRow] = {}
+
+    def compose_view(self) -> ComposeResult:
+        yield TextTable(INCIDENT_COLUMNS, id="incident-table")
+        yield Static(id="incident-detail")
+
+    def on_mount(self) -> None:
+        self.query_one("#incident-table", TextTable).focus()
+        super().on_mount()
+
+    def refresh_view(self) -> None:
+        self.set_title(("gridwatch", "bold"), "  incidents")
+        backend = self.runtime.incidents
+        rows = backend.incidents() if backend is not None else []
+        self.rows = {r.id: r for r in rows}
+        now = self.store.clock.now()
+        table = self.query_one("#incident-table", TextTable)
+        table.set_rows([incident_cells(r, now) for r in rows], [r.id for r in rows])
+        self._show_detail(table.cursor_key)
+
+    def _show_detail(self, key: str | None) -> None:
+        detail = self.query_one("#incident-detail", Static)
+        if self.runtime.incidents is None:
+            detail.update(Text("no incident store is attached to this console", style="yellow"))
+        elif key is None or key not in self.rows:
+            detail.update(Text("no incidents", style="green"))
+        else:
+            detail.update(incident_detail(self.rows[key]))
+
+    def on_text_table_highlighted(self, event: TextTable.Highlighted) -> None:
+        self._show_detail(event.key)
+
+    def _selected(self) -> IncidentRow | None:
+        key = self.query_one("#incident-table", TextTable).cursor_key
+        return self.rows.get(key) if key else None
+
+    def action_acknowledge(self) -> None:
+        row = self._selected()
+        if row is not None:
+            self._confirm("Acknowledge incident", row, "acknowledge", None)
+
+    def action_silence(self) -> None:
+        row = self._selected()
+        if row is not None:
+            self._confirm("Silence incident", row, "silence", "1h")
+
+    def action_act(self) -> None:
+        row = self._selected()
+        if row is not None:
+            self._confirm("Run the plan", row, "act", None)
+
+    def _confirm(self, title: str, row: IncidentRow, what: str, duration: str | None) -> None:
+        text = Text.assemble(f"{what} ", (row.title, "bold"), " on ", (row.node, "bold"))
+        if what == "act" and row.plan:
+            text.append("\nplan: " + " → ".join(row.plan))
+
+        def done(result: Confirmed | None) -> None:
+            if result is not None:
+                self.gw.run_incident_action(row.id, what, result.reason, result.seconds)
+
+        self.app.push_screen(ConfirmScreen(title, text, ask_duration=duration), done)

@@ -1,0 +1,209 @@
+"""One node up close: per-GPU rows with sparklines, host sparklines, recent events, live log tail."""
+
+from __future__ import annotations
+
+import time
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from console.state import GPU_MEM, GPU_POWER, GPU_TEMP, GPU_UTIL, HOST_CPU, HOST_MEM, HOST_RX, HOST_TX, NodeState, event_text
+from console.screens.base import ViewScreen
+from console.screens.confirm import ConfirmScreen, Confirmed
+from console.widgets import Column, TextTable, format_age, format_rate, sparkline
+from console.widgets.text_table import Cell
+
+SPARK = 16
+GPU_COLUMNS = [
+    Column("gpu", "GPU", 3, "right"),
+    Column("name", "NAME", 18),
+    Column("util", "UTIL %", 5 + SPARK),
+    Column("temp", "TEMP °C", 5 + SPARK),
+    Column("power", "POWER W", 5 + SPARK),
+    Column("mem", "MEM %", 5 + SPARK),
+    Column("throttle", "THROTTLE", 16),
+    Column("ecc", "ECC s/d", 7),
+    Column("xid", "XID", 4, "right"),
+    Column("state", "STATE", 6),
+]
+EVENT_COLUMNS = [
+    Column("time", "TIME", 8),
+    Column("sev", "SEV", 8),
+    Column("what", "EVENT", 80),
+]
+LOG_COLUMNS = [
+    Column("time", "TIME", 8),
+    Column("source", "SOURCE", 16),
+    Column("line", "LINE", 140),
+]
+SEVERITY_STYLES = {
+    "critical": Style(color="red", bold=True, reverse=True),
+    "error": Style(color="red", bold=True),
+    "warning": Style(color="yellow"),
+    "info": Style(color="cyan"),
+}
+_BAD = Style(color="red", bold=True)
+
+
+def clock_time(ts: float) -> str:
+    """Local HH:MM:SS of a timestamp."""
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
+
+
+def _value_spark(now: float | None, series: list[float], fmt: str, lo: float | None, hi: float | None) -> str:
+    value = "N/A" if now is None else format(now, fmt)
+    return f"{value:>4} " + sparkline(series, SPARK, lo, hi)
+
+
+def gpu_cells(node: NodeState) -> tuple[list[list[Cell]], list[str]]:
+    rows: list[list[Cell]] = []
+    keys: list[str] = []
+    sample = node.sample
+    if sample is None:
+        return rows, keys
+    names = {g.index: str(g.name) for g in node.hello.gpus} if node.hello else {}
+    for gpu in sample.gpus:
+        hist = node.gpu_history[gpu.index] if gpu.index < len(node.gpu_history) else None
+        series = (lambda m: hist.series(m)) if hist else (lambda m: [])  # noqa: E731
+        mem = 100.0 * gpu.mem_used_mb / gpu.mem_total_mb if gpu.mem_used_mb is not None and gpu.mem_total_mb else None
+        sbe = "N/A" if gpu.ecc_sbe is None else str(gpu.ecc_sbe)
+        dbe = "N/A" if gpu.ecc_dbe is None else str(gpu.ecc_dbe)
+        xids = node.xids.get(gpu.index, 0)
+        rows.append([
+            (str(gpu.index), None),
+            (names.get(gpu.index, "?"), None),
+            (_value_spark(gpu.util, series(GPU_UTIL), ".0f", 0, 100), None),
+            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95), _BAD if (gpu.temp_c or 0) >= 85 else None),
+            (_value_spark(gpu.power_w, series(GPU_POWER), ".0f", 0, None), None),
+            (_value_spark(mem, series(GPU_MEM), ".0f", 0, 100), None),
+            (",".join(str(t) for t in gpu.throttle), Style(color="yellow") if gpu.throttle else None),
+            (f"{sbe}/{dbe}", _BAD if (gpu.ecc_dbe or 0) > 0 else None),
+            (str(xids), _BAD if xids else None),
+            (str(gpu.state), _BAD if gpu.state != "ok" else None),
+        ])
+        keys.append(str(gpu.index))
+    return rows, keys
+
+
+def host_text(node: NodeState) -> Text:
+    """Host CPU, memory and NIC lines with sparklines."""
+    hist = node.host_history
+    host = node.sample.host if node.sample else None
+    text = Text()
+
+    def line(label: str, now: str, series: list[float], lo: float | None, hi: float | None) -> None:
+        text.append(f"{label:<8}", style="bold")
+        text.append(f"{now:>8} ")
+        text.append(sparkline(series, 48, lo, hi), style="cyan")
+        text.append("\n")
+
+    cpu = "N/A" if host is None or host.cpu_percent is None else f"{host.cpu_percent:.0f}%"
+    mem = "N/A"
+    if host is not None and host.mem_used_mb is not None and host.mem_total_mb:
+        mem = f"{100 * host.mem_used_mb / host.mem_total_mb:.0f}%"
+    rx = sum(n.rx_bps for n in host.nics) if host and host.nics else None
+    tx = sum(n.tx_bps for n in host.nics) if host and host.nics else None
+    line("cpu", cpu, hist.series(HOST_CPU), 0, 100)
+    line("memory", mem, hist.series(HOST_MEM), 0, 100)
+    line("nic rx", format_rate(rx), hist.series(HOST_RX), 0, None)
+    line("nic tx", format_rate(tx), hist.series(HOST_TX), 0, None)
+    if host is not None and host.load1 is not None:
+        text.append(f"load    {host.load1:.2f} {host.load5 or 0:.2f} {host.load15 or 0:.2f}")
+    return text
+
+
+class NodeScreen(ViewScreen):
+    """Opened with enter on a node; streams that node's log lines while open."""
+
+    VIEW_NAME = "node"
+    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint"})
+    BINDINGS = [
+        Binding("i", "isolate", "Isolate/unisolate"),
+        Binding("c", "checkpoint", "Checkpoint now"),
+        Binding("tab", "app.focus_next", "Next pane", show=False),
+    ]
+
+    def __init__(self, node_name: str) -> None:
+        super().__init__()
+        self.node_name = node_name
+
+    def compose_view(self) -> ComposeResult:
+        yield TextTable(GPU_COLUMNS, id="gpu-table")
+        with Horizontal(id="node-lower"):
+            yield Static(id="host-panel")
+            with Vertical(id="node-events-pane"):
+                yield Static(Text("recent events", style="bold"), classes="pane-title")
+                yield TextTable(EVENT_COLUMNS, id="node-events")
+        yield Static(Text("live log", style="bold"), classes="pane-title")
+        yield TextTable(LOG_COLUMNS, id="node-log")
+
+    def on_mount(self) -> None:
+        self.runtime.subscribe_logs(self.node_name, True)
+        self.query_one("#gpu-table", TextTable).focus()
+        super().on_mount()
+
+    def on_unmount(self) -> None:
+        self.runtime.subscribe_logs(self.node_name, False)
+
+    def refresh_view(self) -> None:
+        node = self.store.by_name(self.node_name)
+        if node is None:
+            self.set_title(("gridwatch", "bold"), "  node ", (self.node_name, "bold"), ("  unknown node", "red"))
+            return
+        status = self.store.status(node)
+        parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  node ", (node.name, "bold"), "  ",
+                                              (str(status), "green" if status == "ok" else "bold yellow"),
+                                              f"  seen {format_age(self.store.age(node))} ago"]
+        if node.isolated:
+            parts.append(("  ISOLATED", "bold cyan"))
+        if self.store.stack_mismatch(node):
+            parts.append(("  STACK DIFFERS", "bold magenta"))
+        if node.hello is not None:
+            parts.append(f"  agent {node.hello.agent_version}  stack {str(node.hello.stack.hash)[:12]}")
+        if node.role:
+            parts.append(f"  role {node.role}")
+        error = node.link_error or node.last_error
+        if error:
+            parts.append(("  " + error, "red"))
+        self.set_title(*parts)
+        rows, keys = gpu_cells(node)
+        self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
+        self.query_one("#host-panel", Static).update(host_text(node))
+        events = list(node.events)[::-1]
+        self.query_one("#node-events", TextTable).set_rows(
+            [[(clock_time(r.event.ts or r.received_at), None),
+              (str(r.event.severity), SEVERITY_STYLES.get(str(r.event.severity))),
+              (event_text(r.event), None)] for r in events],
+            [str(r.seq) for r in events])
+        logs = list(node.logs)
+        log_table = self.query_one("#node-log", TextTable)
+        follow = log_table.cursor >= len(log_table.rows) - 1
+        log_table.set_rows([[(clock_time(r.line.line_ts or r.line.ts), None), (str(r.line.source), None),
+                             (str(r.line.line), None)] for r in logs], [str(r.seq) for r in logs])
+        if follow and logs:
+            log_table.cursor = len(logs) - 1
+
+    # ---------------------------------------------------------------- actions
+
+    def action_isolate(self) -> None:
+        node = self.store.by_name(self.node_name)
+        action = "unisolate" if node is not None and node.isolated else "isolate"
+        what = Text.assemble(f"{action} node ", (self.node_name, "bold"),
+                             ": the scheduler stops placing work on it" if action == "isolate" else
+                             ": it may take work again")
+        self._confirm_then(action, what)
+
+    def action_checkpoint(self) -> None:
+        self._confirm_then("checkpoint_now", Text.assemble("ask the trainer on ", (self.node_name, "bold"),
+                                                           " to checkpoint now"))
+
+    def _confirm_then(self, action: str, what: Text) -> None:
+        def done(result: Confirmed | None) -> None:
+            if result is not None:
+                self.gw.run_node_action(self.node_name, action, result.reason)
+
+        self.app.push_screen(ConfirmScreen(f"Confirm {action}", what), done)

@@ -1,0 +1,107 @@
+"""The training run: step, loss curve, throughput, step time per rank with stragglers, checkpoints."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from console.state import TrainingSummary
+from console.screens.base import ViewScreen
+from console.widgets import BraillePlot, Column, TextTable, format_age
+from console.widgets.text_table import Cell
+
+RANK_COLUMNS = [
+    Column("rank", "RANK", 5, "right"),
+    Column("time", "STEP s", 7, "right"),
+    Column("bar", "", 30),
+    Column("mark", "", 10),
+]
+_STRAGGLER = Style(color="red", bold=True)
+NO_TRAINER = "no trainer attached: no node reports a trainer status"
+
+
+def rank_cells(summary: TrainingSummary) -> tuple[list[list[Cell]], list[str]]:
+    """One row per rank; a straggler's bar and mark are red."""
+    times = summary.status.rank_step_times
+    stragglers = set(summary.status.stragglers)
+    slowest = max(times.values(), default=0.0) or 1.0
+
+    def rank_of(key: str) -> int:
+        return int(key) if key.isdigit() else 1 << 30
+
+    rows: list[list[Cell]] = []
+    keys: list[str] = []
+    for rank in sorted(times, key=rank_of):
+        seconds = times[rank]
+        late = rank_of(rank) in stragglers
+        style = _STRAGGLER if late else None
+        rows.append([(rank, style), (f"{seconds:.3f}", style), ("█" * max(int(30 * seconds / slowest), 1), style),
+                     ("straggler" if late else "", style)])
+        keys.append(rank)
+    return rows, keys
+
+
+def training_text(summary: TrainingSummary) -> Text:
+    s = summary.status
+    text = Text()
+    text.append(f"job {s.job or 'N/A'}", style="bold")
+    text.append(f"   phase {s.phase}   step {s.step if s.step is not None else 'N/A'}")
+    if s.epoch is not None:
+        text.append(f"   epoch {s.epoch}")
+    text.append(f"   loss {s.loss:.4f}" if s.loss is not None else "   loss N/A")
+    text.append(f"   tokens/s {s.tokens_per_s:,.0f}" if s.tokens_per_s is not None else "   tokens/s N/A")
+    text.append(f"   step {s.step_time_s:.3f}s" if s.step_time_s is not None else "")
+    text.append(f"\nworld size {s.world_size if s.world_size is not None else 'N/A'}   membership: ")
+    text.append(", ".join(str(m) for m in s.membership) or "N/A")
+    text.append(f"\nreported by {summary.node} {format_age(summary.age_s)} ago; {summary.nodes_reporting} nodes report")
+    return text
+
+
+def checkpoint_text(summary: TrainingSummary) -> Text:
+    tiers = {"0": "memory", "1": "local disk", "2": "second copy"}
+    text = Text("last checkpoint per tier\n", style="bold")
+    for tier, label in tiers.items():
+        step = summary.status.checkpoints.get(tier)
+        text.append(f"  tier {tier} {label:<12} ")
+        text.append("none yet" if step is None else f"step {step}", style="yellow" if step is None else "")
+        text.append("\n")
+    for tier, step in summary.status.checkpoints.items():
+        if tier not in tiers:
+            text.append(f"  tier {tier} step {step}\n")
+    return text
+
+
+class TrainingScreen(ViewScreen):
+    """Reads the most advanced trainer status; says so plainly when none is attached."""
+
+    VIEW_NAME = "training"
+
+    def compose_view(self) -> ComposeResult:
+        yield Static(id="training-head")
+        with Horizontal(id="training-body"):
+            with Vertical(id="loss-pane"):
+                yield Static(Text("loss", style="bold"), classes="pane-title")
+                yield BraillePlot(id="loss-plot")
+            with Vertical(id="ranks-pane"):
+                yield Static(Text("step time per rank", style="bold"), classes="pane-title")
+                yield TextTable(RANK_COLUMNS, id="rank-table")
+                yield Static(id="checkpoints")
+
+    def refresh_view(self) -> None:
+        self.set_title(("gridwatch", "bold"), "  training")
+        summary = self.store.training()
+        head = self.query_one("#training-head", Static)
+        if summary is None:
+            head.update(Text(NO_TRAINER, style="bold yellow"))
+            self.query_one("#loss-plot", BraillePlot).set_points([])
+            self.query_one("#rank-table", TextTable).set_rows([], [])
+            self.query_one("#checkpoints", Static).update("")
+            return
+        head.update(training_text(summary))
+        self.query_one("#loss-plot", BraillePlot).set_points([(float(s), v) for s, v in summary.loss])
+        rows, keys = rank_cells(summary)
+        self.query_one("#rank-table", TextTable).set_rows(rows, keys)
+        self.query_one("#checkpoints", Static).update(checkpoint_text(summary))
