@@ -1,0 +1,445 @@
+"""The pure core: frames in, incidents and plans out, on an injected clock, with no I/O.
+
+The console calls :meth:`Engine.observe` for every frame and :meth:`Engine.tick`
+on a timer; replay does the same on a simulated clock. Many symptoms of one
+fault make one incident: symptoms on the same scope merge, a node-fault on a
+node that already has one merges, and a job-wide symptom (an NCCL timeout
+storm) waits ``settle`` seconds, then attaches to the node fault that caused
+it, or picks the one node that stayed silent, or escalates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from loguru import logger
+
+from agents.protocol import Event, Frame, Hello, LogLine, Sample
+from playbooks.clock import Clock
+from playbooks.guards import GuardLedger, apply_guards
+from playbooks.model import (
+    JOB_STEPS,
+    REMOVING_STEPS,
+    ConditionTrigger,
+    EventTrigger,
+    LogTrigger,
+    MetricTrigger,
+    Playbook,
+)
+from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
+
+# A node is gone for job-wide steps after this many hello intervals of silence.
+LOST_AFTER_INTERVALS = 3.0
+_HISTORY = 1000  # closed incidents kept for the console and replay summaries
+
+
+@dataclass
+class NodeState:
+    """What the engine knows of one node, keyed by the name its agent reports."""
+
+    name: str
+    endpoint: str = ""
+    interval: float = 1.0
+    last_seen: float = 0.0
+    job: str = ""
+    stack_hash: str = ""
+    reported_isolated: bool = False
+    removed: bool = False  # a plan of ours took it out of the job
+    lost: bool = False
+    trainer_step: int | None = None
+
+    @property
+    def out(self) -> bool:
+        return self.reported_isolated or self.removed
+
+
+@dataclass
+class _Symptom:
+    node: str
+    gpu: int | None
+    summary: str
+    details: dict[str, str] = field(default_factory=dict)
+
+
+class Engine:
+    """Matches playbooks against what nodes report and plans what to do."""
+
+    def __init__(self, playbooks: Iterable[Playbook], clock: Clock) -> None:
+        self.clock = clock
+        self.playbooks: tuple[Playbook, ...] = tuple(playbooks)
+        self.nodes: dict[str, NodeState] = {}
+        self._names: dict[str, str] = {}  # endpoint -> node name
+        self._open: dict[tuple[str, str], Incident] = {}  # (playbook, scope key) -> open incident
+        self._pending: dict[str, float] = {}  # incident id -> when to plan it
+        self._by_id: dict[str, Incident] = {}
+        self._closed: deque[Incident] = deque(maxlen=_HISTORY)
+        self._counts: dict[tuple[str, str], deque[float]] = {}
+        self._holds: dict[tuple[str, str, int | None], float] = {}  # metric condition true since
+        self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
+        self.ledger = GuardLedger()
+
+    # ----------------------------------------------------------------- input
+
+    def set_playbooks(self, playbooks: Iterable[Playbook]) -> None:
+        """Swap in a new, already validated set; open incidents carry on."""
+        self.playbooks = tuple(playbooks)
+
+    def observe(self, source: str, frame: Frame) -> list[Plan]:
+        """Take one frame from ``source`` (an endpoint or a node name); return plans made now."""
+        now = self.clock.now()
+        node = self._node_for(source, frame, now)
+        plans: list[Plan] = []
+        if isinstance(frame, Hello):
+            node.interval = frame.interval if frame.interval > 0 else node.interval
+            node.reported_isolated = frame.isolated
+            # Stacks are compared on tick, once the hellos that arrive together are all in.
+            node.stack_hash = str(frame.stack.hash)
+        elif isinstance(frame, Sample):
+            if node.reported_isolated and not frame.isolated:
+                node.removed = False  # put back in by an operator
+            node.reported_isolated = frame.isolated
+            if frame.trainer is not None:
+                node.job = str(frame.trainer.job or node.job)
+                node.trainer_step = frame.trainer.step
+            plans += self._match_metrics(node, frame, now)
+        elif isinstance(frame, Event):
+            if frame.kind == "isolated":
+                node.reported_isolated = True
+            elif frame.kind == "unisolated":
+                node.reported_isolated = node.removed = False
+            plans += self._match_event(node, frame, now)
+        elif isinstance(frame, LogLine):
+            plans += self._match_log(node, str(frame.line), str(frame.source), now)
+        return plans
+
+    def tick(self, now: float | None = None) -> list[Plan]:
+        """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
+        now = self.clock.now() if now is None else now
+        plans: list[Plan] = []
+        for node in list(self.nodes.values()):
+            silent = now - node.last_seen
+            node.lost = silent > LOST_AFTER_INTERVALS * node.interval
+            for pb in self.playbooks:
+                trig = pb.trigger
+                if not (isinstance(trig, ConditionTrigger) and trig.condition == "heartbeat_lost"):
+                    continue
+                latch = (pb.name, node.name, "heartbeat")
+                if silent > trig.missed * node.interval and latch not in self._latched and not node.out:
+                    self._latched.add(latch)
+                    summary = (f"no frame from {node.name} for {silent:.0f}s "
+                               f"({trig.missed:g} x its {node.interval:g}s interval)")
+                    plans += self._symptom(pb, _Symptom(node.name, None, summary), now)
+        plans += self._check_stacks(now)
+        for incident_id, due in sorted(self._pending.items(), key=lambda kv: kv[1]):
+            if now >= due:
+                del self._pending[incident_id]
+                plan = self._plan(self._by_id[incident_id], now)
+                if plan is not None:
+                    plans.append(plan)
+        for key, incident in list(self._open.items()):
+            pb = self._playbook(incident.playbook)
+            window = pb.dedup_window if pb else 600.0
+            ongoing = (incident.kind == "heartbeat_lost" and incident.recovered_at is None)
+            if incident.state != "pending" and not ongoing and now - incident.last_seen_at > window:
+                self._close(key, incident, now, "closed: quiet for the dedup window")
+        return plans
+
+    # ---------------------------------------------------------------- queries
+
+    def incidents(self, include_closed: bool = False) -> list[Incident]:
+        """Open (and pending) incidents, oldest first; closed and merged ones too if asked."""
+        found = sorted(self._open.values(), key=lambda i: i.opened_at)
+        return [*self._closed, *found] if include_closed else found
+
+    def incident(self, incident_id: str) -> Incident | None:
+        return self._by_id.get(incident_id)
+
+    def resolve(self, incident_id: str) -> bool:
+        """The operator resolved it: the next symptom opens a new incident."""
+        for key, incident in list(self._open.items()):
+            if incident.id == incident_id:
+                self._pending.pop(incident_id, None)
+                self._close(key, incident, self.clock.now(), "resolved by an operator")
+                return True
+        return False
+
+    def live_nodes(self, job: str = "") -> list[str]:
+        """Nodes that job-wide steps go to: heard from recently and not taken out."""
+        return sorted(n.name for n in self.nodes.values()
+                      if not n.lost and not n.out and (not job or not n.job or n.job == job))
+
+    # --------------------------------------------------------------- matching
+
+    def _node_for(self, source: str, frame: Frame, now: float) -> NodeState:
+        name = str(frame.node) or self._names.get(source, source)
+        self._names[source] = name
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = NodeState(name=name, endpoint=source)
+        node.last_seen = now
+        if node.lost:
+            node.lost = False
+        for incident in self._open.values():
+            if incident.kind == "heartbeat_lost" and incident.node == name and incident.recovered_at is None:
+                incident.recovered_at = now
+                incident.notes.append(f"{now:.3f} recovered: {name} is sending frames again")
+        self._latched = {l for l in self._latched if not (l[1] == name and l[2] == "heartbeat")}
+        return node
+
+    def _match_event(self, node: NodeState, event: Event, now: float) -> list[Plan]:
+        plans: list[Plan] = []
+        for pb in self.playbooks:
+            trig = pb.trigger
+            if isinstance(trig, LogTrigger):
+                plans += self._match_log(node, str(event.message), str(event.source), now, only=pb)
+                continue
+            if not isinstance(trig, EventTrigger) or event.kind not in trig.kinds:
+                continue
+            if trig.codes and event.code not in trig.codes:
+                continue
+            if trig.severities and event.severity not in trig.severities:
+                continue
+            if trig.message is not None and not trig.message.search(str(event.message)):
+                continue
+            if any(not p.search(str(event.details.get(k, ""))) for k, p in trig.details):
+                continue
+            what = f"xid {event.code}" if event.kind == "xid" and event.code is not None else str(event.kind)
+            where = f"{node.name} gpu {event.gpu}" if event.gpu is not None else node.name
+            summary = f"{what} on {where}" + (f": {event.message}" if event.message else "")
+            symptom = _Symptom(node.name, event.gpu, summary, {k: str(v) for k, v in event.details.items()})
+            if self._counted(pb, symptom, trig.count, trig.within, now):
+                plans += self._symptom(pb, symptom, now)
+        return plans
+
+    def _match_log(self, node: NodeState, line: str, source: str, now: float,
+                   only: Playbook | None = None) -> list[Plan]:
+        plans: list[Plan] = []
+        for pb in (only,) if only else self.playbooks:
+            trig = pb.trigger
+            if not isinstance(trig, LogTrigger) or not trig.pattern.search(line):
+                continue
+            if trig.source is not None and not trig.source.search(source):
+                continue
+            symptom = _Symptom(node.name, None, f"log on {node.name}: {line[:200]}")
+            if self._counted(pb, symptom, trig.count, trig.within, now):
+                plans += self._symptom(pb, symptom, now)
+        return plans
+
+    def _counted(self, pb: Playbook, symptom: _Symptom, count: int, within: float, now: float) -> bool:
+        """True once ``count`` symptoms on one scope fell within ``within``."""
+        if count <= 1:
+            return True
+        times = self._counts.setdefault((pb.name, self._scope_key(pb, symptom)), deque())
+        times.append(now)
+        while times and now - times[0] > within:
+            times.popleft()
+        if len(times) >= count:
+            times.clear()
+            return True
+        return False
+
+    def _match_metrics(self, node: NodeState, sample: Sample, now: float) -> list[Plan]:
+        plans: list[Plan] = []
+        for pb in self.playbooks:
+            if not isinstance(pb.trigger, MetricTrigger):
+                continue
+            cond = pb.trigger.condition
+            for gpu, value in cond.readings(sample):
+                key = (pb.name, node.name, gpu)
+                latch = (pb.name, node.name, f"metric:{gpu}")
+                if not cond.holds(value):
+                    self._holds.pop(key, None)
+                    self._latched.discard(latch)
+                    continue
+                since = self._holds.setdefault(key, now)
+                if now - since >= cond.hold and latch not in self._latched:
+                    self._latched.add(latch)
+                    where = f"{node.name} gpu {gpu}" if gpu is not None else node.name
+                    summary = f"{cond.metric} = {value:g} on {where} ({cond}, held {now - since:.0f}s)"
+                    plans += self._symptom(pb, _Symptom(node.name, gpu, summary), now)
+        return plans
+
+    def _check_stacks(self, now: float) -> list[Plan]:
+        books = [pb for pb in self.playbooks
+                 if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "stack_mismatch"]
+        hashes = [n.stack_hash for n in self.nodes.values() if n.stack_hash]
+        if not books or len(hashes) < 3:
+            return []  # with fewer than three nodes there is no majority to differ from
+        majority = max(set(hashes), key=hashes.count)
+        if hashes.count(majority) * 2 <= len(hashes):
+            return []
+        plans: list[Plan] = []
+        for node in self.nodes.values():
+            if not node.stack_hash or node.stack_hash == majority:
+                continue
+            for pb in books:
+                latch = (pb.name, node.name, f"stack:{node.stack_hash}")
+                if latch in self._latched:
+                    continue
+                self._latched.add(latch)
+                summary = (f"{node.name} runs software stack {node.stack_hash[:12]}, "
+                           f"{hashes.count(majority)} of {len(hashes)} nodes run {majority[:12]}")
+                plans += self._symptom(pb, _Symptom(node.name, None, summary), now)
+        return plans
+
+    # -------------------------------------------------------------- incidents
+
+    def _playbook(self, name: str) -> Playbook | None:
+        return next((pb for pb in self.playbooks if pb.name == name), None)
+
+    def _scope_key(self, pb: Playbook, symptom: _Symptom) -> str:
+        node = self.nodes.get(symptom.node)
+        if pb.scope == "job":
+            return f"job:{node.job}" if node and node.job else "job"
+        if pb.scope == "gpu" and symptom.gpu is not None:
+            return f"{symptom.node}/gpu{symptom.gpu}"
+        return symptom.node
+
+    def _cause_for(self, node: str) -> Incident | None:
+        """An open node-fault incident acting on ``node`` (any playbook)."""
+        for incident in self._open.values():
+            pb = self._playbook(incident.playbook)
+            if pb and pb.removes_nodes and incident.node == node and incident.state in ("open", "pending"):
+                return incident
+        return None
+
+    def _merge(self, incident: Incident, symptom: _Symptom, now: float, why: str) -> None:
+        incident.symptoms += 1
+        incident.last_seen_at = now
+        if symptom.node not in incident.reporters:
+            incident.reporters.append(symptom.node)
+        if why:
+            incident.notes.append(f"{now:.3f} {why}")
+
+    def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
+        target = symptom.node
+        if pb.target.startswith("detail:"):
+            target = symptom.details.get(pb.target.split(":", 1)[1]) or symptom.node
+            if target not in self.nodes:
+                target = symptom.node
+        state = self.nodes.get(target)
+        if pb.removes_nodes and pb.target != "cause":
+            if state is not None and state.out:
+                return []  # already out of the job: its later errors need no new plan
+            cause = self._cause_for(target)
+            if cause is not None and cause.playbook != pb.name:
+                self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
+                return []
+        if pb.target == "cause":
+            cause = self._newest_node_fault(now, pb.dedup_window)
+            if cause is not None:
+                self._merge(cause, symptom, now, f"symptom {pb.name} from {symptom.node} attributed to this fault")
+                return []
+        key = self._scope_key(pb, _Symptom(target, symptom.gpu, ""))
+        incident = self._open.get((pb.name, key))
+        if incident is not None:
+            self._merge(incident, symptom, now, "")
+            return []
+        node_state = self.nodes.get(symptom.node)
+        incident = Incident(
+            id=f"{pb.name}:{key}:{int(now)}", playbook=pb.name, kind=pb.kind, severity=pb.severity,
+            scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,
+            job=node_state.job if node_state else "", summary=symptom.summary, opened_at=now,
+            last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",
+        )
+        if symptom.details.get("step", "").isdigit():
+            incident.notes.append(f"{now:.3f} first symptom at training step {symptom.details['step']}")
+        self._open[(pb.name, key)] = incident
+        self._by_id[incident.id] = incident
+        logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
+        if pb.settle:
+            self._pending[incident.id] = now + pb.settle
+            return []
+        plan = self._plan(incident, now)
+        return [plan] if plan else []
+
+    def _newest_node_fault(self, now: float, lookback: float) -> Incident | None:
+        faults = [i for i in self._open.values()
+                  if i.state in ("open", "pending") and now - i.opened_at <= lookback
+                  and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
+        return max(faults, key=lambda i: i.opened_at) if faults else None
+
+    def _close(self, key: tuple[str, str], incident: Incident, now: float, why: str) -> None:
+        self._open.pop(key, None)
+        if incident.state != "merged":
+            incident.state = "closed"
+        incident.closed_at = now
+        incident.notes.append(f"{now:.3f} {why}")
+        self._closed.append(incident)
+
+    # ------------------------------------------------------------------ plans
+
+    def _plan(self, incident: Incident, now: float) -> Plan | None:
+        pb = self._playbook(incident.playbook)
+        if pb is None:
+            return None
+        incident.state = "open"
+        escalate_all = ""
+        if pb.target == "cause":
+            cause = self._newest_node_fault(now, pb.dedup_window + pb.settle)
+            if cause is not None and cause.id != incident.id:
+                cause.symptoms += incident.symptoms
+                cause.last_seen_at = now
+                cause.reporters = sorted(set(cause.reporters) | set(incident.reporters))
+                cause.notes.append(f"{now:.3f} {incident.symptoms} {pb.name} symptoms attributed to this fault")
+                incident.state, incident.merged_into = "merged", cause.id
+                incident.notes.append(f"{now:.3f} merged into {cause.id}: caused by {cause.node}")
+                key = next(k for k, v in self._open.items() if v is incident)
+                self._close(key, incident, now, f"merged into {cause.id}")
+                return None
+            job_nodes = [n for n in self.nodes.values()
+                         if not n.out and (not incident.job or not n.job or n.job == incident.job)]
+            silent = [n.name for n in job_nodes if n.name not in incident.reporters]
+            if len(silent) == 1 and len(incident.reporters) >= 2:
+                incident.node = silent[0]
+                incident.summary = (f"{pb.kind} reported by {len(incident.reporters)} nodes; cause: {silent[0]}, "
+                                    f"the one node that did not report it")
+                incident.notes.append(f"{now:.3f} cause: {silent[0]}, the one node of {len(job_nodes)} "
+                                      f"that did not report it")
+            else:
+                escalate_all = (f"cannot tell which node caused it: {len(incident.reporters)} nodes reported it, "
+                                f"{len(silent)} did not")
+                incident.notes.append(f"{now:.3f} {escalate_all}")
+        key = next((k[1] for k, v in self._open.items() if v is incident), incident.node)
+        steps = self._steps(pb, incident, now)
+        if escalate_all:
+            for step in steps:
+                if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
+                    step.decision, step.reason = "escalate", escalate_all
+        job_size = len([n for n in self.nodes.values()
+                        if not incident.job or not n.job or n.job == incident.job]) or 1
+        apply_guards(pb, key, steps, self.ledger, job_size, now)
+        for step in steps:
+            if step.decision == "act" and step.step in REMOVING_STEPS:
+                for name in step.nodes:
+                    if name in self.nodes:
+                        self.nodes[name].removed = True
+        return Plan(incident=incident, steps=steps)
+
+    def _steps(self, pb: Playbook, incident: Incident, now: float) -> list[PlannedStep]:
+        removing = {incident.node} if any(s.action in REMOVING_STEPS for s in pb.plan) else set()
+        live = [n for n in self.live_nodes(incident.job) if n not in removing]
+        cause = self.nodes.get(incident.node)
+        before_step = next((int(n.split()[-1]) for n in incident.notes if "training step" in n), None)
+        if before_step is None and cause is not None:
+            before_step = cause.trainer_step
+        steps = []
+        for index, spec in enumerate(pb.plan):
+            job_wide = spec.action in JOB_STEPS
+            step = PlannedStep(
+                id=f"{incident.id}/{index}", incident=incident.id, playbook=pb.name, index=index,
+                step=spec.action, target=JOB_TARGET if job_wide else incident.node,
+                nodes=list(live) if job_wide else ([incident.node] if spec.action not in ("notify", "escalate") else []),
+                at=now, confirm=spec.confirm, timeout=spec.timeout,
+                continue_on_failure=spec.continue_on_failure, scheduler=spec.scheduler,
+                checkpoint=spec.checkpoint, channel=spec.channel, url=spec.url, command=list(spec.command),
+                message=spec.message or incident.summary, condition=spec.condition,
+            )
+            if spec.action == "restart_from_checkpoint" and spec.checkpoint == "before":
+                step.before_ts, step.before_step = incident.opened_at, before_step
+            if job_wide and not live:
+                step.decision, step.reason = "skip", "no live node left in the job to send it to"
+            steps.append(step)
+        return steps

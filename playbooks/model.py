@@ -1,0 +1,150 @@
+"""What a playbook is once loaded: a trigger, a scope, an ordered plan and its guards."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from playbooks.metrics import MetricCondition
+
+Scope = Literal["gpu", "node", "job"]
+SCOPES: tuple[str, ...] = ("gpu", "node", "job")
+SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
+
+# Steps a plan may hold, in the operator's words. The executor maps each to an
+# agent action (agents.protocol.ACTIONS), a scheduler command or a notification.
+STEP_NAMES: tuple[str, ...] = (
+    "capture_scene",
+    "checkpoint_now",
+    "isolate_node",
+    "drain_node",
+    "restart_from_checkpoint",
+    "pause_training",
+    "notify",
+    "wait_for",
+    "escalate",
+)
+# Steps that take a node out of the job: they count against the blast radius.
+REMOVING_STEPS: frozenset[str] = frozenset({"isolate_node", "drain_node"})
+# Steps that change something; a guard that stops a plan stops these and lets
+# the harmless ones (keeping the scene, telling people) go ahead.
+ACTING_STEPS: frozenset[str] = frozenset(
+    {"checkpoint_now", "isolate_node", "drain_node", "restart_from_checkpoint", "pause_training"}
+)
+# Steps that act on the whole job: sent to every live node that is not isolated.
+JOB_STEPS: frozenset[str] = frozenset({"checkpoint_now", "restart_from_checkpoint", "pause_training"})
+
+SCHEDULERS: tuple[str, ...] = ("none", "slurm", "kubernetes")
+CONDITIONS: tuple[str, ...] = ("heartbeat_lost", "stack_mismatch")
+WAIT_CONDITIONS: tuple[str, ...] = ("heartbeat", "isolated", "training", "checkpoint")
+TARGETS: tuple[str, ...] = ("self", "cause")
+
+
+@dataclass(frozen=True)
+class EventTrigger:
+    """Fires on agent events of ``kinds`` that pass every matcher, ``count`` times within ``within``."""
+
+    kinds: frozenset[str]
+    codes: frozenset[int] = frozenset()
+    severities: frozenset[str] = frozenset()
+    message: re.Pattern[str] | None = None
+    details: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    count: int = 1
+    within: float = 0.0
+
+
+@dataclass(frozen=True)
+class MetricTrigger:
+    """Fires when a metric condition has held for its window."""
+
+    condition: MetricCondition
+
+
+@dataclass(frozen=True)
+class LogTrigger:
+    """Fires on a log line (or an event message) matching ``pattern``."""
+
+    pattern: re.Pattern[str]
+    source: re.Pattern[str] | None = None
+    count: int = 1
+    within: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConditionTrigger:
+    """Conditions the console computes itself: a lost heartbeat, a stack that differs."""
+
+    condition: str
+    missed: float = 3.0  # heartbeat lost after this many hello intervals without a frame
+
+
+Trigger = Union[EventTrigger, MetricTrigger, LogTrigger, ConditionTrigger]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a plan. Only the fields its ``action`` uses are set."""
+
+    action: str
+    confirm: bool = False
+    timeout: float = 60.0
+    continue_on_failure: bool = False
+    line: int = 0
+    # drain_node
+    scheduler: str | None = None  # None: the executor's configured backend
+    # restart_from_checkpoint: "newest", or "before" the incident's first event
+    checkpoint: str = "newest"
+    # notify / escalate
+    channel: str = "console"  # console | webhook | command
+    url: str | None = None
+    command: tuple[str, ...] = ()
+    message: str = ""
+    # wait_for
+    condition: str | None = None
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What keeps a playbook from doing harm when it fires too often or too widely."""
+
+    cooldown: float = 0.0  # per scope: no new action on the same GPU/node/job within this
+    blast_max_nodes: int | None = None  # at most this many nodes removed within the window
+    blast_max_fraction: float | None = None  # ... or this fraction of the job's nodes
+    blast_window: float = 3600.0
+    rate_max: int | None = None  # at most this many acting incidents of this playbook ...
+    rate_window: float = 3600.0  # ... within this window
+    repeat_max: int | None = None  # the same fix on the same scope this many times: escalate
+    repeat_window: float = 86400.0
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    trigger: Trigger
+    plan: tuple[Step, ...]
+    scope: str = "node"
+    severity: str = "warning"
+    description: str = ""
+    guards: Guards = field(default_factory=Guards)
+    target: str = "self"  # self | cause | detail:<key>
+    settle: float = 0.0  # gather symptoms this long before planning
+    dedup_window: float = 600.0  # an open incident absorbs new symptoms until quiet this long
+    source: str = ""
+    line: int = 0
+
+    @property
+    def removes_nodes(self) -> bool:
+        """A node-fault playbook: its incidents are causes other symptoms attach to."""
+        return any(s.action in REMOVING_STEPS for s in self.plan)
+
+    @property
+    def kind(self) -> str:
+        trig = self.trigger
+        if isinstance(trig, EventTrigger):
+            return "/".join(sorted(trig.kinds))
+        if isinstance(trig, MetricTrigger):
+            return trig.condition.metric
+        if isinstance(trig, LogTrigger):
+            return "log"
+        return trig.condition

@@ -1,0 +1,70 @@
+"""Default ways to reach people and run commands: console log, webhook POST, a command argv."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from dataclasses import dataclass
+
+from loguru import logger
+
+from playbooks.plans import Incident, PlannedStep
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    returncode: int
+    output: str
+
+
+class SubprocessRunner:
+    """Runs an argv list with a timeout, never through a shell."""
+
+    async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
+        return CommandOutcome(proc.returncode or 0, out.decode("utf-8", "replace")[-2000:])
+
+
+def fill(template: str, incident: Incident, step: PlannedStep, text: str) -> str:
+    """Put incident facts into one argv element; each element stays one argument whatever it holds."""
+    return (template.replace("{incident}", incident.id).replace("{playbook}", incident.playbook)
+            .replace("{node}", incident.node).replace("{severity}", incident.severity)
+            .replace("{message}", text).replace("{step}", step.step))
+
+
+class DefaultNotifier:
+    """console: a log line the console shows; webhook: JSON POST; command: an argv with {placeholders}."""
+
+    def __init__(self, runner: SubprocessRunner | None = None) -> None:
+        self.runner = runner or SubprocessRunner()
+
+    async def notify(self, step: PlannedStep, incident: Incident, text: str, escalation: bool) -> str:
+        if step.channel == "webhook" and step.url:
+            body = json.dumps({"incident": incident.id, "playbook": incident.playbook, "node": incident.node,
+                               "severity": incident.severity, "escalation": escalation, "message": text}).encode()
+            status = await asyncio.to_thread(_post, step.url, body, step.timeout)
+            return f"webhook answered {status}"
+        if step.channel == "command" and step.command:
+            argv = [fill(a, incident, step, text) for a in step.command]
+            result = await self.runner.run(argv, step.timeout)
+            if result.returncode != 0:
+                raise RuntimeError(f"{argv[0]} exited {result.returncode}: {result.output.strip()[-200:]}")
+            return f"{argv[0]} exited 0"
+        logger.bind(node=incident.node).warning("{}{}", "ESCALATION: " if escalation else "", text)
+        return "shown on the console"
+
+
+def _post(url: str, body: bytes, timeout: float) -> int:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the operator's own URL
+        return int(response.status)

@@ -1,0 +1,436 @@
+"""Validate playbook YAML against the schema, locating every error at ``file:line:column``.
+
+PyYAML's composer gives nodes that carry their position; we walk those nodes
+rather than the constructed Python values so each error points at the exact
+key or value an operator has to fix, and we keep going to report them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from agents.protocol import EVENT_KINDS
+from playbooks.durations import parse_duration
+from playbooks.metrics import parse_condition
+from playbooks.model import (
+    CONDITIONS,
+    SCHEDULERS,
+    SCOPES,
+    SEVERITIES,
+    STEP_NAMES,
+    WAIT_CONDITIONS,
+    ConditionTrigger,
+    EventTrigger,
+    Guards,
+    LogTrigger,
+    MetricTrigger,
+    Playbook,
+    Step,
+    Trigger,
+)
+
+
+@dataclass(frozen=True)
+class PlaybookError:
+    """One thing wrong with a playbook file, where it is and what it is."""
+
+    path: str
+    line: int  # 1-based
+    column: int  # 1-based
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.column}: {self.message}"
+
+
+_PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window")
+_TRIGGER_KEYS = ("event", "match", "count", "within", "metric", "for", "log", "source", "condition", "missed")
+_MATCH_KEYS = ("code", "severity", "message", "details")
+_STEP_KEYS = (
+    "do", "confirm", "timeout", "continue_on_failure", "scheduler", "checkpoint",
+    "channel", "url", "command", "message", "condition",
+)
+# Which options make sense on which step; anything else is a mistake worth naming.
+_STEP_OPTIONS: dict[str, frozenset[str]] = {
+    "drain_node": frozenset({"scheduler"}),
+    "restart_from_checkpoint": frozenset({"checkpoint"}),
+    "notify": frozenset({"channel", "url", "command", "message"}),
+    "escalate": frozenset({"channel", "url", "command", "message"}),
+    "wait_for": frozenset({"condition"}),
+}
+_COMMON_STEP_KEYS = frozenset({"do", "confirm", "timeout", "continue_on_failure"})
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+class _Checker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.errors: list[PlaybookError] = []
+        self._constructor = SafeConstructor()
+
+    def error(self, node: Node, message: str) -> None:
+        mark = node.start_mark
+        self.errors.append(PlaybookError(self.path, mark.line + 1, mark.column + 1, message))
+
+    def value(self, node: Node) -> Any:
+        return self._constructor.construct_object(node, deep=True)
+
+    def mapping(self, node: Node, allowed: tuple[str, ...], what: str) -> dict[str, tuple[Node, Node]]:
+        """The keys of a mapping node, each with its key node and value node; names what is unknown."""
+        if not isinstance(node, MappingNode):
+            self.error(node, f"{what} must be a mapping of keys to values")
+            return {}
+        found: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            if not isinstance(key, str):
+                self.error(key_node, f"{what}: keys must be plain names")
+                continue
+            if key in found:
+                self.error(key_node, f"{what}: duplicate key {key!r} (the earlier one would be silently lost)")
+                continue
+            if key not in allowed:
+                self.error(key_node, f"{what}: unknown key {key!r}{_suggest(key, allowed)}")
+                continue
+            found[key] = (key_node, value_node)
+        return found
+
+    def scalar(self, node: Node, kind: type | tuple[type, ...], what: str) -> Any:
+        if not isinstance(node, ScalarNode):
+            self.error(node, f"{what} must be a single value, not a {'list' if isinstance(node, SequenceNode) else 'mapping'}")
+            return None
+        value = self.value(node)
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            self.error(node, f"{what} must be {_kind_name(kind)}, not true/false")
+            return None
+        if not isinstance(value, kind):
+            self.error(node, f"{what} must be {_kind_name(kind)}, got {value!r}")
+            return None
+        return value
+
+    def choice(self, node: Node, choices: tuple[str, ...], what: str) -> str | None:
+        value = self.scalar(node, str, what)
+        if value is None:
+            return None
+        if value not in choices:
+            self.error(node, f"{what} must be one of {', '.join(choices)}; got {value!r}{_suggest(value, choices)}")
+            return None
+        return value
+
+    def duration(self, node: Node, what: str) -> float | None:
+        value = self.scalar(node, (str, int, float), what)
+        if value is None:
+            return None
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.error(node, f"{what}: {exc}")
+            return None
+
+    def regex(self, node: Node, what: str) -> re.Pattern[str] | None:
+        value = self.scalar(node, str, what)
+        if value is None:
+            return None
+        try:
+            return re.compile(value)
+        except re.error as exc:
+            self.error(node, f"{what}: not a valid regular expression ({exc})")
+            return None
+
+    def items(self, node: Node, what: str, parse: Callable[[Node], Any]) -> list[Any]:
+        """A value written either once or as a list of values."""
+        nodes = node.value if isinstance(node, SequenceNode) else [node]
+        if isinstance(node, SequenceNode) and not nodes:
+            self.error(node, f"{what} must not be an empty list")
+        return [v for v in (parse(n) for n in nodes) if v is not None]
+
+    def positive_int(self, node: Node, what: str) -> int | None:
+        value = self.scalar(node, int, what)
+        if value is not None and value < 1:
+            self.error(node, f"{what} must be at least 1")
+            return None
+        return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _suggest(word: str, choices: tuple[str, ...] | frozenset[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ------------------------------------------------------------------ the sections
+
+
+def _trigger(c: _Checker, node: Node) -> Trigger | None:
+    keys = c.mapping(node, _TRIGGER_KEYS, "trigger")
+    if not keys and isinstance(node, MappingNode) and not node.value:
+        c.error(node, "trigger is empty: give one of event, metric, log or condition")
+        return None
+    heads = [k for k in ("event", "metric", "log", "condition") if k in keys]
+    if len(heads) != 1:
+        if keys:
+            c.error(node, "trigger needs exactly one of event, metric, log or condition"
+                    + (f"; found {', '.join(heads)}" if heads else ""))
+        return None
+    head = heads[0]
+    allowed = {
+        "event": {"event", "match", "count", "within"},
+        "metric": {"metric", "for"},
+        "log": {"log", "source", "count", "within"},
+        "condition": {"condition", "missed"},
+    }[head]
+    for key, (key_node, _) in keys.items():
+        if key not in allowed:
+            c.error(key_node, f"trigger: {key!r} does not apply to a {head} trigger")
+    count, within = 1, 0.0
+    if "count" in keys:
+        count = c.positive_int(keys["count"][1], "trigger.count") or 1
+    if "within" in keys:
+        within = c.duration(keys["within"][1], "trigger.within") or 0.0
+    if count > 1 and not within and ("count" in keys):
+        c.error(keys["count"][1], "trigger.count above 1 needs 'within' (how long to count over)")
+
+    if head == "event":
+        kinds = c.items(keys["event"][1], "trigger.event", lambda n: _event_kind(c, n))
+        codes: list[int] = []
+        severities: list[str] = []
+        message = None
+        details: list[tuple[str, re.Pattern[str]]] = []
+        if "match" in keys:
+            match = c.mapping(keys["match"][1], _MATCH_KEYS, "trigger.match")
+            if "code" in match:
+                codes = c.items(match["code"][1], "trigger.match.code", lambda n: c.scalar(n, int, "an XID code"))
+            if "severity" in match:
+                severities = c.items(match["severity"][1], "trigger.match.severity",
+                                     lambda n: c.choice(n, SEVERITIES, "a severity"))
+            if "message" in match:
+                message = c.regex(match["message"][1], "trigger.match.message")
+            if "details" in match:
+                for key, (_, vnode) in _free_mapping(c, match["details"][1], "trigger.match.details").items():
+                    pattern = c.regex(vnode, f"trigger.match.details.{key}")
+                    if pattern is not None:
+                        details.append((key, pattern))
+        if not kinds:
+            return None
+        return EventTrigger(frozenset(kinds), frozenset(codes), frozenset(severities), message,
+                            tuple(details), count, within)
+    if head == "metric":
+        text = c.scalar(keys["metric"][1], str, "trigger.metric")
+        hold = c.duration(keys["for"][1], "trigger.for") if "for" in keys else None
+        if text is None:
+            return None
+        try:
+            return MetricTrigger(parse_condition(text, hold))
+        except ValueError as exc:
+            c.error(keys["metric"][1], f"trigger.metric: {exc}")
+            return None
+    if head == "log":
+        pattern = c.regex(keys["log"][1], "trigger.log")
+        source = c.regex(keys["source"][1], "trigger.source") if "source" in keys else None
+        return LogTrigger(pattern, source, count, within) if pattern is not None else None
+    condition = c.choice(keys["condition"][1], CONDITIONS, "trigger.condition")
+    missed = 3.0
+    if "missed" in keys:
+        value = c.scalar(keys["missed"][1], (int, float), "trigger.missed")
+        if value is not None and value <= 1:
+            c.error(keys["missed"][1], "trigger.missed must be more than 1 interval, or a slow tick looks like a dead node")
+        elif value is not None:
+            missed = float(value)
+    if condition == "stack_mismatch" and "missed" in keys:
+        c.error(keys["missed"][0], "trigger.missed applies only to heartbeat_lost")
+    return ConditionTrigger(condition, missed) if condition else None
+
+
+def _event_kind(c: _Checker, node: Node) -> str | None:
+    kind = c.scalar(node, str, "trigger.event")
+    if kind is not None and kind not in EVENT_KINDS:
+        c.error(node, f"unknown event kind {kind!r}{_suggest(kind, EVENT_KINDS)}")
+        return None
+    return kind
+
+
+def _free_mapping(c: _Checker, node: Node, what: str) -> dict[str, tuple[Node, Node]]:
+    if not isinstance(node, MappingNode):
+        c.error(node, f"{what} must be a mapping")
+        return {}
+    return {str(k.value): (k, v) for k, v in node.value}
+
+
+def _step(c: _Checker, node: Node, index: int) -> Step | None:
+    what = f"plan step {index + 1}"
+    if isinstance(node, ScalarNode):
+        name = c.choice(node, STEP_NAMES, what)
+        if name in ("wait_for",):
+            c.error(node, f"{what}: wait_for needs a condition; write it as a mapping with 'do' and 'condition'")
+            return None
+        return Step(name, line=node.start_mark.line + 1) if name else None
+    keys = c.mapping(node, _STEP_KEYS, what)
+    if "do" not in keys:
+        if isinstance(node, MappingNode):
+            c.error(node, f"{what}: needs 'do: <step>' naming one of {', '.join(STEP_NAMES)}")
+        return None
+    name = c.choice(keys["do"][1], STEP_NAMES, f"{what} 'do'")
+    if name is None:
+        return None
+    options = _STEP_OPTIONS.get(name, frozenset())
+    for key, (key_node, _) in keys.items():
+        if key not in _COMMON_STEP_KEYS and key not in options:
+            c.error(key_node, f"{what}: {key!r} does not apply to {name}")
+    fields: dict[str, Any] = {"line": node.start_mark.line + 1}
+    if "confirm" in keys:
+        fields["confirm"] = bool(c.scalar(keys["confirm"][1], bool, f"{what} confirm"))
+    if "continue_on_failure" in keys:
+        fields["continue_on_failure"] = bool(c.scalar(keys["continue_on_failure"][1], bool, f"{what} continue_on_failure"))
+    if "timeout" in keys:
+        timeout = c.duration(keys["timeout"][1], f"{what} timeout")
+        if timeout is not None and timeout <= 0:
+            c.error(keys["timeout"][1], f"{what} timeout must be more than zero")
+        elif timeout is not None:
+            fields["timeout"] = timeout
+    if "scheduler" in keys:
+        fields["scheduler"] = c.choice(keys["scheduler"][1], SCHEDULERS, f"{what} scheduler")
+    if "checkpoint" in keys:
+        fields["checkpoint"] = c.choice(keys["checkpoint"][1], ("newest", "before"), f"{what} checkpoint") or "newest"
+    if "channel" in keys:
+        fields["channel"] = c.choice(keys["channel"][1], ("console", "webhook", "command"), f"{what} channel") or "console"
+    if "url" in keys:
+        url = c.scalar(keys["url"][1], str, f"{what} url")
+        if url is not None and not url.startswith(("http://", "https://")):
+            c.error(keys["url"][1], f"{what} url must start with http:// or https://")
+        fields["url"] = url
+    if "command" in keys:
+        cnode = keys["command"][1]
+        if not isinstance(cnode, SequenceNode) or not cnode.value:
+            c.error(cnode, f"{what} command must be a non-empty list of arguments (it is never run through a shell)")
+        else:
+            fields["command"] = tuple(str(a) for a in (c.scalar(n, (str, int, float), "a command argument") for n in cnode.value) if a is not None)
+    if "message" in keys:
+        fields["message"] = c.scalar(keys["message"][1], str, f"{what} message") or ""
+    if "condition" in keys:
+        fields["condition"] = c.choice(keys["condition"][1], WAIT_CONDITIONS, f"{what} condition")
+    channel = fields.get("channel", "console")
+    if channel == "webhook" and not fields.get("url"):
+        c.error(node, f"{what}: channel webhook needs a url")
+    if channel == "command" and not fields.get("command"):
+        c.error(node, f"{what}: channel command needs a command (a list of arguments)")
+    if name == "wait_for" and not fields.get("condition"):
+        if "condition" not in keys:
+            c.error(node, f"{what}: wait_for needs a condition: one of {', '.join(WAIT_CONDITIONS)}")
+        return None
+    return Step(name, **fields)
+
+
+def _guards(c: _Checker, node: Node) -> Guards:
+    keys = c.mapping(node, ("cooldown", "blast_radius", "rate_limit", "repeat"), "guards")
+    fields: dict[str, Any] = {}
+    if "cooldown" in keys:
+        fields["cooldown"] = c.duration(keys["cooldown"][1], "guards.cooldown") or 0.0
+    if "blast_radius" in keys:
+        blast = c.mapping(keys["blast_radius"][1], ("max_nodes", "max_fraction", "window"), "guards.blast_radius")
+        if "max_nodes" in blast:
+            fields["blast_max_nodes"] = c.positive_int(blast["max_nodes"][1], "guards.blast_radius.max_nodes")
+        if "max_fraction" in blast:
+            frac = c.scalar(blast["max_fraction"][1], (int, float), "guards.blast_radius.max_fraction")
+            if frac is not None and not 0 < frac <= 1:
+                c.error(blast["max_fraction"][1], "guards.blast_radius.max_fraction must be above 0 and at most 1")
+            elif frac is not None:
+                fields["blast_max_fraction"] = float(frac)
+        if "window" in blast:
+            fields["blast_window"] = c.duration(blast["window"][1], "guards.blast_radius.window") or 3600.0
+        if isinstance(keys["blast_radius"][1], MappingNode) and not ({"max_nodes", "max_fraction"} & set(blast)):
+            c.error(keys["blast_radius"][1], "guards.blast_radius needs max_nodes or max_fraction")
+    for key, prefix in (("rate_limit", "rate"), ("repeat", "repeat")):
+        if key in keys:
+            sub = c.mapping(keys[key][1], ("max", "window"), f"guards.{key}")
+            if "max" in sub:
+                fields[f"{prefix}_max"] = c.positive_int(sub["max"][1], f"guards.{key}.max")
+            elif isinstance(keys[key][1], MappingNode):
+                c.error(keys[key][1], f"guards.{key} needs max")
+            if "window" in sub:
+                window = c.duration(sub["window"][1], f"guards.{key}.window")
+                if window:
+                    fields[f"{prefix}_window"] = window
+    return Guards(**fields)
+
+
+def _playbook(c: _Checker, node: Node) -> Playbook | None:
+    before = len(c.errors)
+    keys = c.mapping(node, _PLAYBOOK_KEYS, "playbook")
+    if not isinstance(node, MappingNode):
+        return None
+    for required in ("name", "trigger", "plan"):
+        if required not in keys:
+            c.error(node, f"playbook is missing {required!r}")
+    name = c.scalar(keys["name"][1], str, "name") if "name" in keys else None
+    if name is not None and not _NAME.match(name):
+        c.error(keys["name"][1], f"name {name!r} must be lowercase letters, digits, '-' or '_'")
+    fields: dict[str, Any] = {}
+    if "description" in keys:
+        fields["description"] = c.scalar(keys["description"][1], str, "description") or ""
+    if "severity" in keys:
+        fields["severity"] = c.choice(keys["severity"][1], SEVERITIES, "severity") or "warning"
+    if "scope" in keys:
+        fields["scope"] = c.choice(keys["scope"][1], SCOPES, "scope") or "node"
+    if "target" in keys:
+        target = c.scalar(keys["target"][1], str, "target")
+        if target is not None and target not in ("self", "cause") and not target.startswith("detail:"):
+            c.error(keys["target"][1], f"target must be self, cause or detail:<key>; got {target!r}")
+        elif target is not None:
+            fields["target"] = target
+    if "settle" in keys:
+        fields["settle"] = c.duration(keys["settle"][1], "settle") or 0.0
+    if "dedup_window" in keys:
+        fields["dedup_window"] = c.duration(keys["dedup_window"][1], "dedup_window") or 600.0
+    trigger = _trigger(c, keys["trigger"][1]) if "trigger" in keys else None
+    steps: list[Step] = []
+    if "plan" in keys:
+        plan_node = keys["plan"][1]
+        if not isinstance(plan_node, SequenceNode) or not plan_node.value:
+            c.error(plan_node, "plan must be a non-empty list of steps")
+        else:
+            steps = [s for s in (_step(c, n, i) for i, n in enumerate(plan_node.value)) if s is not None]
+    if "guards" in keys:
+        fields["guards"] = _guards(c, keys["guards"][1])
+    if fields.get("target") == "cause" and fields.get("scope", "node") != "job":
+        c.error(keys["target"][1], "target: cause looks for the node behind a job-wide symptom; it needs scope: job")
+    if isinstance(trigger, MetricTrigger) and trigger.condition.per_gpu is False and fields.get("scope") == "gpu":
+        c.error(keys["scope"][1], f"scope gpu needs a gpu.* metric; {trigger.condition.metric} is read per node")
+    if len(c.errors) > before or name is None or trigger is None:
+        return None
+    return Playbook(name=name, trigger=trigger, plan=tuple(steps), source=c.path,
+                    line=node.start_mark.line + 1, **fields)
+
+
+def check_text(text: str, path: str) -> tuple[list[Playbook], list[PlaybookError]]:
+    """Every playbook in ``text`` (one YAML document each) and every error found."""
+    c = _Checker(path)
+    playbooks: list[Playbook] = []
+    try:
+        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        return [], [PlaybookError(path, line, col, f"not valid YAML: {problem}")]
+    except yaml.YAMLError as exc:
+        return [], [PlaybookError(path, 1, 1, f"not valid YAML: {exc}")]
+    documents = [d for d in documents if d is not None]
+    if not documents:
+        return [], [PlaybookError(path, 1, 1, "the file holds no playbook")]
+    for doc in documents:
+        playbook = _playbook(c, doc)
+        if playbook is not None:
+            playbooks.append(playbook)
+    return playbooks, c.errors
