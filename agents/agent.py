@@ -189,6 +189,8 @@ class Agent:
         self.publish(p.Sample(gpus=gpu_samples, host=host, agent=stats, trainer=trainer_status, isolated=self.isolated))
         for ev in events:
             self.publish(ev)
+            if self.metrics is not None:
+                self.metrics.record_event(ev)  # type: ignore[attr-defined]
         if self.metrics is not None:
             self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)  # type: ignore[attr-defined]
         self._tick_ms = (time.perf_counter() - t0) * 1000

@@ -18,9 +18,7 @@ def build_agent(config: AgentConfig) -> Agent:
     from agents.sources.nvml import open_gpu_source
     from agents.stack import fingerprint
 
-    gpus, notes = open_gpu_source(config.simulate_gpus, config.sim_seed)
-    for note in notes:
-        logger.bind(node=config.node_name).warning(note)
+    gpus, notes = open_gpu_source(config.simulate_gpus, config.sim_seed)  # logs its notes once
     tailer = LogTailer(config.log, kernel=config.kernel_log)
     metrics = None
     if config.metrics_listen:
@@ -35,11 +33,11 @@ def build_agent(config: AgentConfig) -> Agent:
     return Agent(
         config,
         gpus=gpus,
-        host=HostSource(nics=config.nics or None),
+        host=HostSource(),
         tailer=tailer,
         metrics=metrics,
         trainer=trainer,
-        stack=fingerprint(),
+        stack=fingerprint(nvml=gpus is not None and not config.simulate_gpus),
         notes=notes,
     )
 
@@ -57,7 +55,6 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
     if agent.metrics is not None and config.metrics_addr():
         mhost, mport = config.metrics_addr()  # type: ignore[misc]
         agent.metrics.start(mhost, mport)  # type: ignore[attr-defined]
-        log.info("metrics on http://{}:{}/metrics", mhost, mport)
     if agent.trainer is not None:
         agent.trainer.start()  # type: ignore[attr-defined]
     loop = asyncio.get_running_loop()
