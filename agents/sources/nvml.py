@@ -43,6 +43,15 @@ def decode_throttle(mask: int) -> list[str]:
     return [name for bit, name in _THROTTLE_BITS if mask & bit]
 
 
+def encode_throttle(names: list[str]) -> int:
+    """The NVML bit mask for throttle-reason names (what ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` holds)."""
+    bits = {name: bit for bit, name in _THROTTLE_BITS}
+    mask = 0
+    for name in names:
+        mask |= bits.get(name, 0)
+    return mask
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
