@@ -53,3 +53,26 @@ def test_psi_is_read_where_present_and_na_where_not(tmp_path: Path) -> None:
     sample = HostSource(proc=str(tmp_path)).sample()
     assert (sample.psi_cpu, sample.psi_io, sample.psi_memory) == (1.25, 7.5, None)
     assert HostSource(proc=str(tmp_path / "old-kernel")).sample().psi_cpu is None
+
+
+def test_disk_rates_count_whole_disks_not_their_partitions_twice(tmp_path: Path) -> None:
+    for disk in ("nvme0n1", "sda", "loop0"):
+        (tmp_path / "block" / disk).mkdir(parents=True)
+    stats = tmp_path / "diskstats"
+
+    def write(sectors_read: int, sectors_written: int) -> None:
+        rows = [
+            f"259 0 nvme0n1 10 0 {sectors_read} 5 20 0 {sectors_written} 9 0 0 0",
+            f"259 1 nvme0n1p1 10 0 {sectors_read} 5 20 0 {sectors_written} 9 0 0 0",
+            "8 0 sda 1 0 0 0 1 0 0 0 0 0 0",
+            "7 0 loop0 1 0 999999 0 1 0 999999 0 0 0 0",
+        ]
+        stats.write_text("\n".join(rows) + "\n")
+
+    write(0, 0)
+    clock = Clock()
+    host = HostSource(clock=clock, proc=str(tmp_path), sys_root=str(tmp_path))
+    write(2048, 4096)  # 1 MiB read, 2 MiB written
+    clock.t += 2.0
+    sample = host.sample()
+    assert (sample.disk_read_bps, sample.disk_write_bps) == (512 * 1024, 1024 * 1024)
