@@ -60,7 +60,8 @@ class GridwatchApp(App[None]):
             await self.runtime.stop()
 
     def tick(self) -> None:
-        """Redraw the topmost view from the store (modals sit above it and stay put)."""
+        """Run the engine's clock rules, then redraw the topmost view (modals sit above it and stay put)."""
+        self.runtime.tick_engine()
         for screen in reversed(self.screen_stack):
             if isinstance(screen, ViewScreen):
                 screen.tick()
@@ -160,7 +161,7 @@ class GridwatchApp(App[None]):
                     self.runtime.silence(incident_id, seconds or 3600.0, reason)
                     self.set_note(f"incident {incident_id} silenced")
                 else:
-                    self.set_note(f"incident {incident_id}: {await self.runtime.act(incident_id, reason)}")
+                    self.set_note(f"incident {incident_id}: {await self.runtime.act_on_incident(incident_id, reason)}")
             except (PermissionError, KeyError) as exc:
                 self.set_note(f"{what} refused: {exc}")
             except Exception as exc:  # noqa: BLE001 - shown to the operator; the console keeps going

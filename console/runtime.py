@@ -7,9 +7,10 @@ can be driven by synthetic frames in tests.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from loguru import logger
 
@@ -54,6 +55,10 @@ class IncidentBackend(Protocol):
 
     def incidents(self, limit: int = 200) -> list[IncidentRow]: ...
 
+    def detail(self, incident_id: str) -> IncidentRow | None:
+        """One incident with its plan and audit trail filled in (the list leaves them empty)."""
+        ...
+
     def acknowledge(self, incident_id: str, who: str, why: str) -> None: ...
 
     def silence(self, incident_id: str, until: float, who: str, why: str) -> None: ...
@@ -83,6 +88,9 @@ class MemoryIncidents:
         order = sorted(self.rows.values(), key=lambda r: (r.state == "resolved", -r.detected_at))
         return order[:limit]
 
+    def detail(self, incident_id: str) -> IncidentRow | None:
+        return self.rows.get(incident_id)
+
     def acknowledge(self, incident_id: str, who: str, why: str) -> None:
         row = self.rows[incident_id]
         row.state = "acknowledged"
@@ -93,6 +101,56 @@ class MemoryIncidents:
         row.state = "silenced"
         row.silenced_until = until
         row.audit.append(AuditEntry(self.clock.now(), who, f"silence until {until:.0f}", why, "ok"))
+
+
+class StoreIncidents:
+    """The Incidents view's interface over the playbooks' SQLite store (``playbooks.store.IncidentStore``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _row(self, rec: Any) -> IncidentRow:
+        return IncidentRow(id=rec.id, severity=rec.severity, node=rec.node, title=rec.summary, state=rec.state,
+                           detected_at=rec.detected_at, playbook=rec.playbook, acted_at=rec.acted_at,
+                           recovered_at=rec.recovered_at, silenced_until=rec.silenced_until)
+
+    def incidents(self, limit: int = 200) -> list[IncidentRow]:
+        rows = [self._row(rec) for rec in self.store.incidents(limit=limit)]
+        # Open first, then newest: what needs the operator is on top.
+        order = {"open": 0, "acknowledged": 1, "silenced": 2, "resolved": 3}
+        return sorted(rows, key=lambda r: (order.get(r.state, 0), -r.detected_at))
+
+    def detail(self, incident_id: str) -> IncidentRow | None:
+        rec = self.store.incident(incident_id)
+        if rec is None:
+            return None
+        row = self._row(rec)
+        row.plan = [f"{s.step} {s.target}: {s.state}" + (f" ({s.outcome})" if s.outcome else "")
+                    for s in self.store.steps(incident_id)]
+        row.audit = [AuditEntry(a.ts, a.who, a.what, a.why, a.outcome) for a in self.store.audit_log(incident_id)]
+        return row
+
+    def acknowledge(self, incident_id: str, who: str, why: str) -> None:
+        self.store.acknowledge(incident_id, who)
+
+    def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
+        self.store.silence(incident_id, who, until, why)
+
+
+class ExecutorActor:
+    """Acting on an incident = confirming the step of its plan that waits for an operator."""
+
+    def __init__(self, executor: Any, store: Any) -> None:
+        self.executor = executor
+        self.store = store
+
+    async def act(self, incident_id: str, who: str, why: str) -> str:
+        waiting = [s for s in self.store.steps(incident_id) if s.state == "awaiting_confirmation"]
+        if not waiting:
+            return "nothing in its plan is waiting for confirmation"
+        records = await self.executor.confirm(waiting[0].id, who)
+        done = sum(1 for r in records if r.state == "done")
+        return f"confirmed {waiting[0].step}; {done} of {len(records)} steps done"
 
 
 # --------------------------------------------------------------------------- runtime
@@ -116,9 +174,17 @@ class FleetLike(Protocol):
 
 
 class Engine(Protocol):
-    """The playbook engine's intake: frames in (it makes incidents on its own)."""
+    """The playbook engine (``playbooks.engine.Engine``): frames and time in, plans out."""
 
-    def feed(self, node: str, frame: Frame) -> None: ...
+    def observe(self, source: str, frame: Frame) -> list[Any]: ...
+
+    def tick(self, now: float | None = None) -> list[Any]: ...
+
+
+class PlanRunner(Protocol):
+    """The playbook executor (``playbooks.executor.Executor``)."""
+
+    async def run(self, plan: Any) -> list[Any]: ...
 
 
 class ConsoleRuntime:
@@ -132,6 +198,8 @@ class ConsoleRuntime:
         incidents: IncidentBackend | None = None,
         actor: IncidentActor | None = None,
         engine: Engine | None = None,
+        executor: PlanRunner | None = None,
+        plan_store: Any = None,
         read_only: bool = False,
         operator: str = "operator",
     ) -> None:
@@ -140,6 +208,9 @@ class ConsoleRuntime:
         self.incidents = incidents
         self.actor = actor
         self.engine = engine
+        self.executor = executor
+        self.plan_store = plan_store  # where plans are recorded when nothing may act on them
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.read_only_flag = read_only
         self.operator = operator
 
@@ -149,9 +220,43 @@ class ConsoleRuntime:
         self.store.apply(frame, key)
         if self.engine is not None:
             try:
-                self.engine.feed(self.store.nodes[key].name, frame)
+                plans = self.engine.observe(key, frame)
             except Exception:  # noqa: BLE001 - one bad frame must not stop the stream
                 logger.bind(node=key).exception("playbook engine failed on a frame")
+                return
+            self._run_plans(plans)
+
+    def tick_engine(self) -> None:
+        """Time-based rules (heartbeat lost, ``for:`` windows); the app and the headless loop call it each tick."""
+        if self.engine is None:
+            return
+        try:
+            plans = self.engine.tick(self.store.clock.now())
+        except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+            logger.exception("playbook engine tick failed")
+            return
+        self._run_plans(plans)
+
+    def _run_plans(self, plans: list[Any]) -> None:
+        for plan in plans:
+            if self.executor is not None and not self.read_only:
+                task = asyncio.get_running_loop().create_task(self._run_plan(plan))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif self.plan_store is not None:
+                # Read-only: the incident is recorded and shown; nothing acts on it.
+                self.plan_store.save_plan(plan)
+
+    async def _run_plan(self, plan: Any) -> None:
+        assert self.executor is not None
+        try:
+            await self.executor.run(plan)
+        except Exception:  # noqa: BLE001 - recorded by the executor; one plan never stops the console
+            logger.bind(node=str(getattr(plan.incident, "node", ""))).exception("plan failed")
+
+    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        """The executor's action sink: the same path, and the same read-only check, as the operator's."""
+        return await self.node_action(node, action, reason, args)
 
     def on_status(self, link: Any) -> None:
         hello_name = str(link.hello.node) if getattr(link, "hello", None) is not None else None
@@ -171,6 +276,8 @@ class ConsoleRuntime:
             await self.fleet.start()
 
     async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self.fleet is not None:
             await self.fleet.stop()
 
@@ -209,7 +316,7 @@ class ConsoleRuntime:
         assert self.incidents is not None
         self.incidents.silence(incident_id, self.store.clock.now() + seconds, self.operator, why)
 
-    async def act(self, incident_id: str, why: str) -> str:
+    async def act_on_incident(self, incident_id: str, why: str) -> str:
         self._check_changes("act")
         if self.actor is None:
             return "no playbook executor is attached to this console"
@@ -227,4 +334,58 @@ def _refused(node: str, action: str, message: str) -> ActionResult:
                         node=Text(node))
 
 
-Runner = Callable[[], Awaitable[None]]
+
+# --------------------------------------------------------------------------- wiring
+
+
+@dataclass(slots=True)
+class RuntimeOptions:
+    """Everything ``gridwatch console`` needs to build a runtime."""
+
+    endpoints: list[Any]
+    key_path: str
+    known_hosts: str
+    db_path: str | None = None
+    read_only: bool = False
+    operator: str = "operator"
+    playbook_paths: list[str] = field(default_factory=list)
+    connect_timeout: float = 5.0
+
+
+def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> ConsoleRuntime:
+    """The real thing: fleet over SSH, SQLite incidents, the playbook engine and executor.
+
+    Raises ValueError with a one-line reason when the database or a playbook cannot be used.
+    """
+    import sqlite3
+
+    from console.fleet import Fleet, FleetOptions
+    from playbooks.engine import Engine as PlaybookEngine
+    from playbooks.executor import Executor
+    from playbooks.loader import load, load_builtin
+    from playbooks.store import IncidentStore
+
+    clock = clock or SystemClock()
+    store = StateStore(clock)
+    playbooks = list(load_builtin())
+    if options.playbook_paths:
+        result = load(options.playbook_paths)
+        if not result.ok:
+            raise ValueError(f"playbooks: {'; '.join(map(str, (*result.errors, *result.unreadable)))}")
+        playbooks.extend(result.playbooks)
+    db_path = options.db_path or ":memory:"
+    try:
+        incident_store = IncidentStore(db_path, clock)
+    except sqlite3.Error as exc:
+        raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
+    runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=PlaybookEngine(playbooks, clock),
+                             plan_store=incident_store, read_only=options.read_only, operator=options.operator)
+    executor = Executor(incident_store, runtime, clock=clock, who=options.operator)
+    runtime.executor = executor
+    runtime.actor = ExecutorActor(executor, incident_store)
+    fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
+                                 connect_timeout=options.connect_timeout)
+    runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)
+    for endpoint in options.endpoints:
+        store.set_link(str(endpoint), "connecting")
+    return runtime

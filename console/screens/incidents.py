@@ -110,7 +110,8 @@ class IncidentsScreen(ViewScreen):
         elif key is None or key not in self.rows:
             detail.update(Text("no incidents", style="green"))
         else:
-            detail.update(incident_detail(self.rows[key]))
+            row = self.runtime.incidents.detail(key) or self.rows[key]
+            detail.update(incident_detail(row))
 
     def on_text_table_highlighted(self, event: TextTable.Highlighted) -> None:
         self._show_detail(event.key)

@@ -1,0 +1,101 @@
+"""End to end: the real console against real agents on loopback, in-process and in tmux."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from console.app import GridwatchApp
+from console.hostlist import parse_endpoints
+from console.runtime import RuntimeOptions, build_runtime
+from console.screens import NodeScreen
+from console.widgets import GpuHeatmap, TextTable
+from tests.conftest import ROOT, start_agent, stop_agent, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_the_app_shows_live_agents_and_their_gpus(keys, tmp_path) -> None:
+    agents = [await start_agent(keys, name=f"gpu-node-{i}", gpus=2) for i in (1, 2)]
+    try:
+        options = RuntimeOptions(parse_endpoints(",".join(a.spec for a in agents)), str(keys.operator_key),
+                                 str(keys.known_hosts), db_path=str(tmp_path / "incidents.db"))
+        app = GridwatchApp(build_runtime(options), tick_seconds=0.1)
+        async with app.run_test(size=(160, 50)) as pilot:
+            table = app.screen.query_one("#node-table", TextTable)
+            await wait_until(lambda: sorted(table.keys) == ["gpu-node-1", "gpu-node-2"], 15, "both nodes listed")
+            heatmap = app.screen.query_one(GpuHeatmap)
+            await wait_until(lambda: all(n.values and None not in n.values for n in heatmap.nodes), 15, "GPU cells")
+            assert not app.runtime.read_only  # the operator key was granted the operator role
+            table.move_to("gpu-node-2")
+            await pilot.press("enter")
+            await wait_until(lambda: isinstance(app.screen, NodeScreen), 5, "node view")
+            gpu_rows = app.screen.query_one("#gpu-table", TextTable)
+            await wait_until(lambda: gpu_rows.keys == ["0", "1"], 15, "per-GPU rows")
+            await pilot.press("escape")
+    finally:
+        for a in agents:
+            await stop_agent(a)
+
+
+async def test_a_viewer_key_makes_the_console_read_only(keys, tmp_path) -> None:
+    agent = await start_agent(keys, name="viewer-node", gpus=1)
+    try:
+        options = RuntimeOptions(parse_endpoints(agent.spec), str(keys.viewer_key), str(keys.known_hosts),
+                                 db_path=str(tmp_path / "incidents.db"))
+        runtime = build_runtime(options)
+        app = GridwatchApp(runtime, tick_seconds=0.1)
+        async with app.run_test(size=(160, 50)):
+            await wait_until(lambda: runtime.store.by_name("viewer-node") is not None
+                             and runtime.store.by_name("viewer-node").role == "viewer", 15, "viewer role")
+            assert runtime.read_only
+            result = await runtime.node_action("viewer-node", "isolate", "test")
+            assert not result.ok and "read-only" in result.message
+    finally:
+        await stop_agent(agent)
+
+
+def _capture(session: str) -> str:
+    out = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True)
+    return out.stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None:
+    agents = [await start_agent(keys, name=f"tmux-node-{i}", gpus=2) for i in (1, 2)]
+    session = f"gw-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
+    command = " ".join([
+        sys.executable, "-m", "console", "console",
+        "--nodes", ",".join(a.spec for a in agents),
+        "--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts),
+        "--db", str(tmp_path / "incidents.db"),
+    ])
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
+                   check=True, env=env, cwd=ROOT)
+    try:
+        screen = await wait_until(
+            lambda: (s := _capture(session)) and "tmux-node-1" in s and "tmux-node-2" in s and "2/2 nodes" in s
+            and s, 30, "the node names and 2/2 connected on the tmux screen")
+        assert "4 GPUs" in screen
+        subprocess.run(["tmux", "send-keys", "-t", session, ":"], check=True)
+        await wait_until(lambda: "node NAME" in _capture(session), 15, "the command line")
+        subprocess.run(["tmux", "send-keys", "-t", session, "-l", "training"], check=True)
+        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
+        try:
+            await wait_until(lambda: "no trainer attached" in _capture(session), 15, "the training view")
+        except AssertionError:
+            print(_capture(session))
+            raise
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        await wait_until(lambda: subprocess.run(["tmux", "has-session", "-t", session],
+                                                capture_output=True).returncode != 0, 15, "the console to quit")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        for a in agents:
+            await stop_agent(a)
