@@ -153,7 +153,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         for line in json_lines(result):
             print(line)
-        print(f"replayed {result.stats.frames - result.stats.skipped_total} frames; {result.stats.describe()}",
+        print(f"replayed {result.replayed} frames of {result.stats.lines} lines; {result.stats.describe()}",
               file=sys.stderr)
     else:
         print("\n".join(replay_text(result, args.trace)))

@@ -118,9 +118,12 @@ class Engine:
         """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
         now = self.clock.now() if now is None else now
         plans: list[Plan] = []
+        # Every node's state first: nodes that went quiet together must all be
+        # known lost before any plan picks the live nodes to restart on.
+        for node in self.nodes.values():
+            node.lost = now - node.last_seen > LOST_AFTER_INTERVALS * node.interval
         for node in list(self.nodes.values()):
             silent = now - node.last_seen
-            node.lost = silent > LOST_AFTER_INTERVALS * node.interval
             for pb in self.playbooks:
                 trig = pb.trigger
                 if not (isinstance(trig, ConditionTrigger) and trig.condition == "heartbeat_lost"):
@@ -321,9 +324,12 @@ class Engine:
                 target = symptom.node
         state = self.nodes.get(target)
         if pb.removes_nodes and pb.target != "cause":
-            if state is not None and state.out:
-                return []  # already out of the job: its later errors need no new plan
             cause = self._cause_for(target)
+            if state is not None and state.out:
+                # Already out of the job: its later errors need no new plan.
+                if cause is not None:
+                    self._merge(cause, symptom, now, "")
+                return []
             if cause is not None and cause.playbook != pb.name:
                 self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
                 return []
@@ -338,6 +344,8 @@ class Engine:
             self._merge(incident, symptom, now, "")
             return []
         node_state = self.nodes.get(symptom.node)
+        if target != symptom.node:
+            symptom.summary += f" (acting on {target})"
         incident = Incident(
             id=f"{pb.name}:{key}:{int(now)}", playbook=pb.name, kind=pb.kind, severity=pb.severity,
             scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,

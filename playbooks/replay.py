@@ -26,6 +26,7 @@ class ReplayResult:
     plans: list[Plan] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
     stats: TraceStats = field(default_factory=TraceStats)
+    replayed: int = 0  # frames fed to the engine
     start: float | None = None
     end: float | None = None
 
@@ -61,6 +62,7 @@ def replay(lines: Iterable[str | bytes], playbooks: Iterable[Playbook],
                 t += step
             last_tick = t - step
         clock.set(ts)
+        result.replayed += 1
         result.plans += engine.observe(record.endpoint, frame)
     if result.start is not None:
         result.end = clock.now()

@@ -69,7 +69,7 @@ def incident_text(inc: Incident, start: float | None = None) -> str:
 
 def replay_text(result: ReplayResult, source: str) -> list[str]:
     stats = result.stats
-    lines = [f"replayed {stats.frames - stats.skipped_total} frames from {source}; {stats.describe()}"]
+    lines = [f"replayed {result.replayed} frames of {stats.lines} lines from {source}; {stats.describe()}"]
     if result.start is not None and result.end is not None:
         lines.append(f"trace time {result.start:.3f} to {result.end:.3f} ({result.end - result.start:.1f}s)")
     for plan in result.plans:
