@@ -110,6 +110,7 @@ class _KernelLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.broken = False
         # Old records were handled (or not) before this agent started.
         os.lseek(self.fd, 0, os.SEEK_END)
 
@@ -124,7 +125,9 @@ class _KernelLog:
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # the ring overwrote records we had not read yet
                     continue
-                logger.warning("reading {} failed: {}", self.path, exc.strerror)
+                # Containers often let /dev/kmsg open but not read: say so once, stop asking.
+                logger.warning("kernel log {} unreadable ({}); XIDs come from NVML only", self.path, exc.strerror)
+                self.broken = True
                 break
             if not record:
                 break
@@ -204,11 +207,15 @@ class LogTailer:
             for raw in self._poll_file(tail):
                 entries.append((tail.path, _decode(raw), now))
         if self._kernel is not None:
+            kernel_path = self._kernel.path
             if isinstance(self._kernel, _FileTail):
                 raws = self._poll_file(self._kernel)
             else:
                 raws, _ = self._kernel.read(self._read_bytes)
-            entries.extend((self._kernel.path, _decode(raw), now) for raw in raws)
+                if self._kernel.broken:
+                    self._kernel.close()
+                    self._kernel = None
+            entries.extend((kernel_path, _decode(raw), now) for raw in raws)
         events = [e for e in (detect(line, source, ts) for source, line, ts in entries) if e is not None]
         self._buffer.extend(entries)
         return entries, events

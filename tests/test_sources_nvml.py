@@ -8,7 +8,7 @@ import pynvml as real_pynvml
 import pytest
 
 from agents.sources import FaultNotSupported
-from agents.sources.nvml import NvmlSource, decode_throttle, open_gpu_source
+from agents.sources.nvml import NVLINK_EVERY, NvmlSource, decode_throttle, open_gpu_source
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 
@@ -74,6 +74,10 @@ def test_throttle_reasons_and_nvlink_errors_are_named_and_summed(monkeypatch: py
     (s,) = source.sample()
     assert s.throttle == ["sw_thermal", "hw_thermal"]
     assert s.nvlink_errors == 7
+    gpu.nvlink_errors[(1, 3)] = 5
+    readings = [source.sample()[0].nvlink_errors for _ in range(NVLINK_EVERY)]
+    assert readings[0] == 7 and readings[-1] == 12  # counted up on the next NVLink read, never lost
+    assert gpu.calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * 12 * 4
     assert decode_throttle(0x4 | 0x8 | 0x80) == ["sw_power", "hw_slowdown", "power_brake"]
 
 

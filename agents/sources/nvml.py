@@ -31,6 +31,9 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
     (0x0400, "reliability"),
 )
 _MAX_EVENTS_PER_POLL = 256
+# NVLink error counters take four calls per active link (72 per H100): read
+# them every tenth tick. They only ever count up, so a late reading loses nothing.
+NVLINK_EVERY = 10
 _MIB = 1024 * 1024
 
 
@@ -72,6 +75,8 @@ class _Device:
         self.unsupported: set[str] = set()
         self.nvlinks: list[int] = []
         self.lost = False
+        self.ticks = 0
+        self.nvlink_errors: int | None = None
         self.info = GpuInfo(index=index, uuid=Text(""), name=Text(""))
 
 
@@ -219,14 +224,16 @@ class NvmlSource(GpuSource):
         if mask is not None:
             s.throttle = [Text(n) for n in decode_throttle(mask)]
         # nvidia-smi nvlink -e: replay, recovery and CRC errors over active links
-        if dev.nvlinks:
+        if dev.nvlinks and dev.ticks % NVLINK_EVERY == 0:
             total, seen = 0, False
             for link in dev.nvlinks:
                 for counter in _nvlink_counters(nv):
                     value = call(dev, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
                     if value is not None:
                         total, seen = total + value, True
-            s.nvlink_errors = total if seen else None
+            dev.nvlink_errors = total if seen else None
+        s.nvlink_errors = dev.nvlink_errors
+        dev.ticks += 1
         # nvidia-smi --query-compute-apps
         if (procs := call(dev, "nvmlDeviceGetComputeRunningProcesses")) is not None:
             s.procs = len(procs)

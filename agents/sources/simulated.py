@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from agents.protocol import Event, GpuInfo, GpuSample, Text
+from agents.sources import GpuSource
 from agents.sources.xid import xid_meaning, xid_severity
 
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -37,7 +38,7 @@ class _Gpu:
     events: list[Event] = field(default_factory=list)
 
 
-class SimulatedGpus:
+class SimulatedGpus(GpuSource):
     """Stands in for NVML where there is no GPU; same interface, same N/A rules.
 
     Readings come from ``random.Random(seed)``: the same seed gives the same
