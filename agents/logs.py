@@ -256,7 +256,7 @@ class LogTailer:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
-            raise ValueError(f"bad search pattern {pattern!r}: {exc}") from None
+            raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
         found: deque[LogEntry] = deque(maxlen=max(limit, 0))
         for entry in self._buffer:
             ts = entry[2]
