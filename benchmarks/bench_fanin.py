@@ -1,0 +1,135 @@
+"""Fan-in: one ``gridwatch tail`` receiving 1,000 agents' streams at 1 Hz.
+
+Agents are served by a few swarm processes (benchmarks/swarm.py). Measured in
+the same run, against the same agents: a bare asyncssh reader that only counts
+newlines (the transport's own cost, the floor). Reports each one's CPU % of a
+core over a steady window, and whether tail lost any frame (seq continuity per
+node, and gap frames).
+
+    .venv/bin/python benchmarks/bench_fanin.py [--agents 1000] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RAW_READER = r"""
+import asyncio, sys, asyncssh
+async def one(port, key, known, counts):
+    while True:
+        try:
+            async with asyncssh.connect("127.0.0.1", port, username="bench", client_keys=[key], known_hosts=known,
+                                        encryption_algs=["aes128-gcm@openssh.com"]) as conn:
+                proc = await conn.create_process(subsystem="gridwatch", encoding=None)
+                proc.stdin.write(b'{"type":"subscribe","v":1}\n')
+                while True:
+                    data = await proc.stdout.read(65536)
+                    if not data:
+                        break
+                    counts[0] += data.count(b"\n")
+        except (OSError, asyncssh.Error):
+            await asyncio.sleep(1)
+async def main():
+    base, n, key, known = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    counts = [0]
+    sem = asyncio.Semaphore(100)
+    async def start(port):
+        async with sem:
+            pass
+        await one(port, key, known, counts)
+    await asyncio.gather(*(start(base + i) for i in range(n)))
+asyncio.run(main())
+"""
+
+
+def cpu_of(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def window(proc: subprocess.Popen, seconds: float) -> float:
+    ps = psutil.Process(proc.pid)
+    c0, t0 = cpu_of(ps), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (cpu_of(ps) - c0) / (time.monotonic() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--per-process", type=int, default=250)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--base-port", type=int, default=21000)
+    args = ap.parse_args()
+    from agents.keys import init_keys
+
+    tmp = Path(tempfile.mkdtemp(prefix="gw-fanin-"))
+    keys = init_keys(tmp / "keys")
+    swarms = []
+    for start in range(0, args.agents, args.per_process):
+        count = min(args.per_process, args.agents - start)
+        swarms.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "swarm.py"), "--count", str(count), "--base-port", str(args.base_port + start),
+             "--keys", str(keys.dir)], stdout=subprocess.PIPE, text=True))
+    try:
+        for s in swarms:
+            line = s.stdout.readline()
+            if not line.startswith("ready"):
+                raise RuntimeError("a swarm process did not start")
+        spec = f"127.0.0.1:[{args.base_port}-{args.base_port + args.agents - 1}]"
+        out = tmp / "tail.jsonl"
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "console", "tail", "--nodes", spec, "--key", str(keys.viewer_key), "--known-hosts",
+             str(keys.known_hosts), "--json", "--duration", str(args.seconds + 60)],
+            cwd=ROOT, stdout=out.open("wb"), stderr=subprocess.DEVNULL)
+        # Wait until every node said hello (connections take a while to open).
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            hellos = sum(1 for line in out.open("rb") if b'"type":"hello"' in line)
+            if hellos >= args.agents:
+                break
+            time.sleep(2)
+        time.sleep(5)  # let the connection storm settle
+        tail_cpu = window(tail, args.seconds)
+        tail.terminate()
+        tail.wait(30)
+        raw = subprocess.Popen([sys.executable, "-c", RAW_READER, str(args.base_port), str(args.agents), str(keys.viewer_key), str(keys.known_hosts)])
+        time.sleep(40)
+        raw_cpu = window(raw, args.seconds)
+        raw.terminate()
+        raw.wait(30)
+    finally:
+        for s in swarms:
+            s.terminate()
+        for s in swarms:
+            s.wait(30)
+    seqs: dict[str, list[int]] = {}
+    gaps = frames = 0
+    for line in out.open("rb"):
+        f = json.loads(line)
+        frames += 1
+        if f["type"] == "gap":
+            gaps += 1
+        elif f["seq"] and f["type"] != "hello":
+            seqs.setdefault(f["node"], []).append(f["seq"])
+    missing = sum((s[-1] - s[0] + 1) - len(set(s)) for s in seqs.values() if s)
+    print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; agents served by {len(swarms)} swarm processes on the same cores")
+    print(f"agents connected: {len(seqs)} of {args.agents}; frames received by tail: {frames}; gap frames: {gaps}; missing seqs: {missing}")
+    print(f"gridwatch tail CPU: {tail_cpu:.1f} % of a core; bare asyncssh reader (baseline): {raw_cpu:.1f} %; ratio {tail_cpu / raw_cpu:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
