@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from agents.detectors import detect
-from agents.protocol import MAX_LINE_CHARS, Event, clean_text
+from agents.protocol import MAX_LINE_CHARS, Event, Text, clean_text
 
 KERNEL_LOGS = ("/dev/kmsg", "/var/log/kern.log")
 DEFAULT_READ_BYTES = 1 << 20
@@ -160,6 +160,45 @@ def _open_kernel_log(paths: Iterable[str], from_end: bool) -> _KernelLog | _File
     return None
 
 
+# A crash loop or a retrying NCCL can write the same error thousands of times a
+# second; past this many events of one kind from one log in one poll, the rest
+# are counted on the last one instead of sent.
+MAX_EVENTS_PER_KIND = 5
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b")
+_TRACEBACK_LOOKAHEAD = 200
+
+
+def _events(entries: list[LogEntry]) -> list[Event]:
+    """Detector events for a batch of lines, with floods folded and tracebacks named."""
+    events: list[Event] = []
+    counts: dict[tuple[str, str], int] = {}
+    last: dict[tuple[str, str], Event] = {}
+    for i, (source, line, ts) in enumerate(entries):
+        event = detect(line, source, ts)
+        if event is None:
+            continue
+        key = (source, str(event.kind))
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] > MAX_EVENTS_PER_KIND:
+            last[key].details["suppressed"] = Text(str(counts[key] - MAX_EVENTS_PER_KIND))
+            continue
+        if event.kind == "traceback":
+            _name_traceback(event, entries, i)
+        last[key] = event
+        events.append(event)
+    return events
+
+
+def _name_traceback(event: Event, entries: list[LogEntry], start: int) -> None:
+    """Put the exception that ends a traceback into its event, when it arrived in the same batch."""
+    source = entries[start][0]
+    for other, line, _ in entries[start + 1 : start + 1 + _TRACEBACK_LOOKAHEAD]:
+        if other == source and _EXCEPTION_LINE.match(line):
+            event.message = Text(f"Python traceback: {line.strip()[:300]}")
+            event.details["exception"] = Text(line.strip()[:300])
+            return
+
+
 class LogTailer:
     """Follows log files and the kernel log; turns lines into events; keeps recent lines.
 
@@ -216,9 +255,8 @@ class LogTailer:
                     self._kernel.close()
                     self._kernel = None
             entries.extend((kernel_path, _decode(raw), now) for raw in raws)
-        events = [e for e in (detect(line, source, ts) for source, line, ts in entries) if e is not None]
         self._buffer.extend(entries)
-        return entries, events
+        return entries, _events(entries)
 
     def _poll_file(self, tail: _FileTail) -> list[bytes]:
         if tail.fd is None:

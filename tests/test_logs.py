@@ -163,3 +163,25 @@ def test_kernel_log_is_quietly_absent_when_unreadable_and_read_when_it_is(tmp_pa
 def test_kmsg_record_parsing() -> None:
     record = b"4,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n SUBSYSTEM=pci\n"
     assert parse_kmsg_record(record) == b"NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+
+
+def test_a_traceback_event_names_its_exception(log: Path) -> None:
+    tailer = _tailer(log)
+    _append(
+        log,
+        "Traceback (most recent call last):",
+        '  File "train.py", line 10, in <module>',
+        "    loss.backward()",
+        "RuntimeError: NCCL communicator was aborted on rank 3.",
+    )
+    (event,) = tailer.poll()[1]
+    assert event.kind == "traceback"
+    assert event.message == "Python traceback: RuntimeError: NCCL communicator was aborted on rank 3."
+
+
+def test_a_flood_of_one_error_is_folded_not_forwarded_line_by_line(log: Path) -> None:
+    tailer = _tailer(log)
+    _append(log, *(f"node1:22:33 [0] NCCL WARN retry {i}" for i in range(1000)))
+    entries, events = tailer.poll()
+    assert len(entries) == 1000
+    assert len(events) == 5 and events[-1].details["suppressed"] == "995"
