@@ -11,7 +11,9 @@ from agents.sources.xid import pci_key, xid_meaning, xid_severity
 # Most lines match nothing; one alternation rejects them before any specific
 # pattern runs, so a busy log costs one regex search per line.
 _PREFILTER = re.compile(
-    r"NVRM|NCCL|nccl|Watchdog caught|Traceback \(most recent|out of memory|OutOfMemoryError|[Ll][Oo][Ss][Ss]"
+    r"NVRM: (?:Xid|GPU at)|NCCL WARN|NCCL error|nccl[A-Z]\w*Error|Watchdog caught|NCCL.*(?:timed out|Timeout\(ms\))"
+    r"|Traceback \(most recent|out of memory|OutOfMemoryError"
+    r"|(?i:\bloss\b['\"]?\s*(?:[:=]|is)\s*['\"]?[+-]?(?:nan|inf))"
 )
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)(?:, pid=([^,\s]+))?(?:, name=([^,]*))?")
