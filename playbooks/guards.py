@@ -28,10 +28,12 @@ class GuardLedger:
     def removed_within(self, window: float, now: float) -> set[str]:
         return {node for when, node in self.removals if now - when <= window}
 
-    def record(self, playbook: str, key: str, removed: list[str], now: float) -> None:
+    def record(self, playbook: str, key: str, fixed: bool, removed: list[str], now: float) -> None:
+        """A plan went ahead; ``fixed`` when it changed something (not only told people)."""
         self.acted[(playbook, key)] = now
         self.runs.setdefault(playbook, deque()).append(now)
-        self.fixes.setdefault((playbook, key), deque()).append(now)
+        if fixed:
+            self.fixes.setdefault((playbook, key), deque()).append(now)
         self.removals.extend((now, node) for node in removed)
 
 
@@ -92,6 +94,7 @@ def apply_guards(playbook: Playbook, key: str, steps: list[PlannedStep], ledger:
     for step in steps:
         if step.confirm and step.decision == "act":
             step.decision, step.reason = "needs_confirmation", "this step waits for an operator to confirm it"
-    if any(s.decision == "act" and s.step in ACTING_STEPS for s in steps):
+    if any(s.decision == "act" for s in steps):
+        fixed = any(s.decision == "act" and s.step in ACTING_STEPS for s in steps)
         acted_removed = [n for s in steps if s.decision == "act" and s.step in REMOVING_STEPS for n in s.nodes]
-        ledger.record(playbook.name, key, list(dict.fromkeys(acted_removed)), now)
+        ledger.record(playbook.name, key, fixed, list(dict.fromkeys(acted_removed)), now)

@@ -1,0 +1,126 @@
+"""The pure engine driven frame by frame on a manual clock: windows, deadlines and guards without sleeping."""
+
+from __future__ import annotations
+
+from agents.protocol import Event, GpuSample, Hello, LogLine, Sample, TrainerStatus
+from playbooks.clock import ManualClock
+from playbooks.engine import Engine
+from playbooks.model import Playbook
+from playbooks.schema import check_text
+
+
+def _playbooks(text: str) -> list[Playbook]:
+    playbooks, errors = check_text(text, "test.yaml")
+    assert not errors, errors
+    return playbooks
+
+
+def _cluster(engine: Engine, clock: ManualClock, nodes: list[str], interval: float = 1.0) -> None:
+    for name in nodes:
+        engine.observe(f"10.0.0.{name[-1]}:2222", Hello(node=name, ts=clock.now(), interval=interval))
+        engine.observe(f"10.0.0.{name[-1]}:2222", Sample(node=name, ts=clock.now(),
+                                                          trainer=TrainerStatus(job="llm", step=10)))
+
+
+def test_heartbeat_is_lost_after_three_intervals_of_the_injected_clock() -> None:
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks("name: hb\ntrigger: {condition: heartbeat_lost}\nplan: [notify]\n"), clock)
+    _cluster(engine, clock, ["node1", "node2"], interval=2.0)
+    clock.advance(6.0)
+    assert engine.tick() == []  # exactly 3 x 2 s: not yet
+    clock.advance(0.5)
+    engine.observe("10.0.0.1:2222", Sample(node="node1"))
+    plans = engine.tick()
+    assert [(p.incident.node, p.incident.kind) for p in plans] == [("node2", "heartbeat_lost")]
+    assert engine.tick() == []  # fires once per loss
+    engine.observe("10.0.0.2:2222", Sample(node="node2"))
+    assert engine.incident(plans[0].incident.id).recovered_at == clock.now()
+
+
+def test_metric_must_hold_for_its_whole_window() -> None:
+    clock = ManualClock(0.0)
+    engine = Engine(_playbooks("name: hot\nscope: gpu\ntrigger: {metric: gpu.temperature > 90 for 60s}\n"
+                               "plan: [notify]\n"), clock)
+
+    def temp(value: float | None) -> list:
+        return engine.observe("n1", Sample(node="n1", gpus=[GpuSample(index=3, temp_c=value)]))
+
+    assert temp(95) == []
+    clock.advance(30)
+    assert temp(None) == []  # N/A breaks the window: it is not a reading
+    clock.advance(30)
+    assert temp(95) == []
+    clock.advance(59)
+    assert temp(95) == []
+    clock.advance(1)
+    plans = temp(96)
+    assert [(p.incident.node, p.incident.gpu) for p in plans] == [("n1", 3)]
+
+
+def test_cooldown_and_resolve() -> None:
+    clock = ManualClock(0.0)
+    text = ("name: app\ntrigger: {event: xid}\nplan: [notify]\ndedup_window: 1m\nguards: {cooldown: 10m}\n")
+    engine = Engine(_playbooks(text), clock)
+    first = engine.observe("n1", Event(node="n1", kind="xid", code=13))
+    assert first[0].steps[0].decision == "act"
+    clock.advance(120)
+    engine.tick()  # quiet for the dedup window: closed
+    again = engine.observe("n1", Event(node="n1", kind="xid", code=13))
+    assert again[0].steps[0].decision == "skip" and "cooldown" in again[0].steps[0].reason
+    assert engine.resolve(again[0].incident.id)
+    clock.advance(600)
+    third = engine.observe("n1", Event(node="n1", kind="xid", code=13))
+    assert third[0].steps[0].decision == "act"
+
+
+def test_rate_limit_escalates_acting_steps_of_a_playbook() -> None:
+    clock = ManualClock(0.0)
+    text = ("name: restart\ntrigger: {event: trainer_exit}\nplan: [restart_from_checkpoint, notify]\n"
+            "guards: {rate_limit: {max: 2, window: 1h}}\n")
+    engine = Engine(_playbooks(text), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    decisions = []
+    for name in ("node1", "node2", "node3"):
+        clock.advance(60)
+        plan = engine.observe(name, Event(node=name, kind="trainer_exit"))[0]
+        decisions.append([s.decision for s in plan.steps])
+    assert decisions == [["act", "act"], ["act", "act"], ["escalate", "skip"]]
+
+
+def test_count_within_window_and_log_pattern() -> None:
+    clock = ManualClock(0.0)
+    text = ("name: oom\ntrigger: {log: 'CUDA out of memory', count: 2, within: 1m}\nplan: [notify]\n")
+    engine = Engine(_playbooks(text), clock)
+    assert engine.observe("n1", LogLine(node="n1", source="trainer", line="CUDA out of memory")) == []
+    clock.advance(61)
+    assert engine.observe("n1", LogLine(node="n1", source="trainer", line="CUDA out of memory")) == []
+    clock.advance(10)
+    plans = engine.observe("n1", Event(node="n1", kind="oom", message="RuntimeError: CUDA out of memory"))
+    assert len(plans) == 1
+
+
+def test_a_node_fault_absorbs_a_second_fault_playbook_on_the_same_node() -> None:
+    clock = ManualClock(0.0)
+    text = ("name: hw\ntrigger: {event: xid}\nplan: [isolate_node]\n---\n"
+            "name: dbe\ntrigger: {event: ecc_dbe}\nplan: [isolate_node, notify]\n")
+    engine = Engine(_playbooks(text), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3", "node4"])
+    assert len(engine.observe("node2", Event(node="node2", kind="xid", code=48, gpu=1))) == 1
+    assert engine.observe("node2", Event(node="node2", kind="ecc_dbe", gpu=1)) == []
+    (incident,) = engine.incidents()
+    assert incident.symptoms == 2 and "node2" not in engine.live_nodes()
+
+
+def test_stack_mismatch_needs_a_majority() -> None:
+    clock = ManualClock(0.0)
+    engine = Engine(_playbooks("name: stack\ntrigger: {condition: stack_mismatch}\nplan: [notify]\n"), clock)
+    for name, digest in (("a", "x1"), ("b", "x2")):
+        hello = Hello(node=name, interval=1.0)
+        hello.stack.hash = digest
+        engine.observe(name, hello)
+    assert engine.tick() == []  # two nodes, two stacks: nobody is the odd one out
+    for name in ("c", "d"):
+        hello = Hello(node=name)
+        hello.stack.hash = "x1"
+        engine.observe(name, hello)
+    assert [p.incident.node for p in engine.tick()] == ["b"]
