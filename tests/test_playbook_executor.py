@@ -1,0 +1,222 @@
+"""The executor against a real SQLite file and an in-memory action sink: audit, idempotence, confirmation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
+from playbooks.clock import ManualClock
+from playbooks.engine import Engine
+from playbooks.executor import Executor
+from playbooks.notify import CommandOutcome
+from playbooks.plans import Plan
+from playbooks.scheduler import DrainRefused, drain_argv
+from playbooks.schema import check_text
+from playbooks.store import IncidentStore, UnknownIncident
+
+HARDWARE = """\
+name: hw
+trigger: {event: xid, match: {code: [79]}}
+plan:
+  - capture_scene
+  - isolate_node
+  - do: drain_node
+    scheduler: slurm
+  - restart_from_checkpoint
+  - notify
+"""
+
+
+class FakeSink:
+    """Records what would have been sent to agents; can fail or hang for chosen actions."""
+
+    def __init__(self, fail: set[str] | None = None, hang: set[str] | None = None) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.fail = fail or set()
+        self.hang = hang or set()
+
+    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        self.calls.append((node, action, args))
+        if action in self.hang:
+            await asyncio.Event().wait()
+        return ActionResult(node=node, id="x", action=action, ok=action not in self.fail,
+                            message="refused" if action in self.fail else "done")
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.argvs: list[list[str]] = []
+
+    async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+        self.argvs.append(argv)
+        return CommandOutcome(0, "")
+
+
+class FakeNotifier:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bool]] = []
+
+    async def notify(self, step: Any, incident: Any, text: str, escalation: bool) -> str:
+        self.sent.append((text, escalation))
+        return "sent"
+
+
+def _plan(text: str = HARDWARE, event: Event | None = None) -> Plan:
+    clock = ManualClock(1000.0)
+    playbooks, errors = check_text(text, "t.yaml")
+    assert not errors
+    engine = Engine(playbooks, clock)
+    for name in ("node1", "node2", "node3"):
+        engine.observe(name, Hello(node=name))
+        engine.observe(name, Sample(node=name, trainer=TrainerStatus(job="llm", step=7)))
+    (plan,) = engine.observe("node2", event or Event(node="node2", kind="xid", code=79, gpu=0))
+    return plan
+
+
+def _executor(tmp_path: Path, sink: FakeSink, **kw: Any) -> tuple[Executor, IncidentStore, FakeRunner, FakeNotifier]:
+    clock = ManualClock(1000.0)
+    store = IncidentStore(tmp_path / "incidents.db", clock)
+    runner, notifier = FakeRunner(), FakeNotifier()
+    return Executor(store, sink, clock=clock, runner=runner, notifier=notifier, who="console", **kw), store, runner, notifier
+
+
+async def test_runs_the_plan_and_audits_before_and_after(tmp_path: Path) -> None:
+    sink = FakeSink()
+    executor, store, runner, notifier = _executor(tmp_path, sink)
+    plan = _plan()
+    records = await executor.run(plan)
+    assert [r.state for r in records] == ["done"] * 5
+    assert [(n, a) for n, a, _ in sink.calls] == [
+        ("node2", "capture_scene"), ("node2", "isolate"), ("node1", "restart_from"), ("node3", "restart_from")]
+    assert sink.calls[2][2]["checkpoint"] == "newest"
+    assert runner.argvs == [["scontrol", "update", "NodeName=node2", "State=DRAIN",
+                             "Reason=gridwatch: hw: xid 79 on node2 gpu 0"]]
+    assert len(notifier.sent) == 1
+    audit = store.audit_log(plan.incident.id)
+    assert [(a.what, a.phase) for a in audit][:2] == [("capture_scene on node2", "before"),
+                                                       ("capture_scene on node2", "after")]
+    assert all(a.who == "console" for a in audit)
+    assert store.incident(plan.incident.id).acted_at == 1000.0
+
+
+async def test_a_resumed_plan_does_not_act_twice(tmp_path: Path) -> None:
+    plan = _plan()
+    sink = FakeSink()
+    executor, store, _, _ = _executor(tmp_path, sink)
+    store.save_plan(plan)
+    # The console died while isolating: capture_scene done, isolate_node started but not finished.
+    store.set_step(plan.steps[0].id, "done", "ok")
+    store.set_step(plan.steps[1].id, "running", started=True)
+    store.close()
+
+    executor2, store2, runner2, _ = _executor(tmp_path, sink)
+    assert await executor2.resume() == [plan.incident.id]
+    states = [r.state for r in store2.steps(plan.incident.id)]
+    assert states == ["done", "interrupted", "done", "done", "done"]
+    assert [a for _, a, _ in sink.calls] == ["restart_from", "restart_from"]  # nothing sent twice
+    calls = len(sink.calls)
+    await executor2.run(plan)  # the engine handing the same plan again changes nothing
+    assert await executor2.resume() == []
+    assert len(sink.calls) == calls and len(runner2.argvs) == 1
+
+
+async def test_confirmation_holds_the_rest_of_the_plan(tmp_path: Path) -> None:
+    text = HARDWARE.replace("  - isolate_node\n", "  - do: isolate_node\n    confirm: true\n")
+    plan = _plan(text)
+    sink = FakeSink()
+    executor, store, _, _ = _executor(tmp_path, sink)
+    records = await executor.run(plan)
+    assert [r.state for r in records] == ["done", "awaiting_confirmation", "planned", "planned", "planned"]
+    assert [a for _, a, _ in sink.calls] == ["capture_scene"]
+    with pytest.raises(ValueError):
+        await executor.confirm(plan.steps[0].id, "alice")
+    records = await executor.confirm(plan.steps[1].id, "alice")
+    assert [r.state for r in records] == ["done"] * 5
+    isolate = [a for a in store.audit_log(plan.incident.id) if a.what.startswith("isolate_node")]
+    assert [(a.who, a.phase) for a in isolate] == [("console", "engine"), ("alice", "before"), ("alice", "after")]
+
+
+async def test_decline_skips_the_rest(tmp_path: Path) -> None:
+    text = HARDWARE.replace("  - isolate_node\n", "  - do: isolate_node\n    confirm: true\n")
+    plan = _plan(text)
+    executor, store, _, _ = _executor(tmp_path, FakeSink())
+    await executor.run(plan)
+    records = await executor.decline(plan.steps[1].id, "bob", "not this node")
+    assert [r.state for r in records] == ["done", "declined", "skipped", "skipped", "skipped"]
+
+
+async def test_failure_stops_the_plan_and_escalates_once(tmp_path: Path) -> None:
+    sink = FakeSink(fail={"isolate"})
+    executor, store, runner, notifier = _executor(tmp_path, sink)
+    records = await executor.run(_plan())
+    assert [r.state for r in records] == ["done", "failed", "skipped", "skipped", "skipped"]
+    assert records[1].outcome == "node2: refused"
+    assert runner.argvs == []
+    assert [e for _, e in notifier.sent] == [True]
+
+
+async def test_a_hung_agent_times_out(tmp_path: Path) -> None:
+    text = HARDWARE.replace("  - capture_scene\n", "  - do: capture_scene\n    timeout: 50ms\n"
+                                                    "    continue_on_failure: true\n")
+    executor, _, _, _ = _executor(tmp_path, FakeSink(hang={"capture_scene"}))
+    records = await executor.run(_plan(text))
+    assert records[0].state == "failed" and records[0].outcome == "timed out after 0.05s"
+    assert [r.state for r in records[1:]] == ["done"] * 4
+
+
+async def test_guard_decisions_are_recorded_not_acted(tmp_path: Path) -> None:
+    plan = _plan()
+    plan.steps[1].decision, plan.steps[1].reason = "escalate", "blast radius"
+    plan.steps[2].decision, plan.steps[2].reason = "skip", "cooldown"
+    sink = FakeSink()
+    executor, store, runner, notifier = _executor(tmp_path, sink)
+    records = await executor.run(plan)
+    assert [r.state for r in records] == ["done", "escalated", "skipped", "done", "done"]
+    assert "isolate" not in [a for _, a, _ in sink.calls] and runner.argvs == []
+    assert ("hw:node2:1000 needs a human: blast radius", True) in notifier.sent
+
+
+async def test_rollback_before_an_event_carries_the_step(tmp_path: Path) -> None:
+    text = "name: nan\nscope: job\ntrigger: {event: nan_loss}\nplan:\n  - do: restart_from_checkpoint\n    checkpoint: before\n"
+    plan = _plan(text, Event(node="node2", kind="nan_loss", details={"step": "42"}))
+    sink = FakeSink()
+    executor, _, _, _ = _executor(tmp_path, sink)
+    await executor.run(plan)
+    assert {n for n, _, _ in sink.calls} == {"node1", "node2", "node3"}
+    assert sink.calls[0][2] == {"incident": plan.incident.id, "checkpoint": "before", "before_ts": 1000.0,
+                                "before_step": 42}
+
+
+def test_store_acknowledge_silence_resolve(tmp_path: Path) -> None:
+    clock = ManualClock(1000.0)
+    store = IncidentStore(tmp_path / "i.db", clock)
+    plan = _plan()
+    store.save_plan(plan)
+    iid = plan.incident.id
+    assert store.incident(iid).state == "open"
+    assert store.acknowledge(iid, "alice").acknowledged_by == "alice"
+    assert store.silence(iid, "alice", until=1600.0).state == "silenced"
+    clock.advance(601)
+    assert store.incident(iid).state == "open"  # the silence ran out by itself
+    assert [r.id for r in store.incidents(states=["open"])] == [iid]
+    assert store.resolve(iid, "bob", "replaced the GPU").state == "resolved"
+    assert store.incidents(states=["open"]) == []
+    assert [(a.who, a.what) for a in store.audit_log(iid)] == [
+        ("alice", "acknowledge"), ("alice", "silence"), ("bob", "resolve")]
+    with pytest.raises(ValueError):
+        store.silence(iid, "alice", until=10.0)
+    with pytest.raises(UnknownIncident, match="no incident 'nope'"):
+        store.acknowledge("nope", "alice")
+
+
+def test_drain_commands_are_argv_and_refuse_odd_names() -> None:
+    assert drain_argv("kubernetes", "gpu-07.dc1", "x") == ["kubectl", "cordon", "gpu-07.dc1"]
+    assert drain_argv("none", "gpu-07", "x") is None
+    with pytest.raises(DrainRefused):
+        drain_argv("slurm", "--all", "x")
+    with pytest.raises(DrainRefused):
+        drain_argv("slurm", "n1; rm -rf /", "x")
