@@ -1,0 +1,181 @@
+"""Start and stop the demo's local cluster: keys, agent processes on loopback, the trainer across them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from console.demo.processes import Child, spawn, stop_all
+from console.demo.state import DemoNode, DemoState, clear_state, write_state
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ClusterOptions:
+    nodes: int = 4
+    gpus: int = 8
+    interval: float = 1.0
+    trainer: bool = True
+    steps: int = 1_000_000  # the demo trains until it is stopped
+    trainer_args: list[str] = field(default_factory=list)  # extra flags for `gridwatch train`
+    ready_timeout: float = 30.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start; the message says which part and why."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def trainer_unavailable() -> str | None:
+    """Why the trainer cannot run here, or None when `gridwatch train` exists."""
+    try:
+        from trainer import cli as trainer_cli
+    except ImportError as exc:
+        return f"the trainer package cannot be imported ({exc})"
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    trainer_cli.register(sub)
+    if "train" not in sub.choices:
+        return "this build has no `gridwatch train` command"
+    return None
+
+
+def _gridwatch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "console", *args]
+
+
+class Cluster:
+    """The processes of one demo; ``start`` then ``stop`` (always, even after a failed start)."""
+
+    def __init__(self, directory: str | Path, options: ClusterOptions, progress: Progress | None = None) -> None:
+        self.dir = Path(directory)
+        self.options = options
+        self.progress = progress or (lambda line: None)
+        self.agents: dict[str, Child] = {}
+        self.trainer: Child | None = None
+        self.trainer_note = ""
+        self.state: DemoState | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.dir / "run"
+
+    def names(self) -> list[str]:
+        return [f"node-{i}" for i in range(1, self.options.nodes + 1)]
+
+    def socket_for(self, name: str) -> str:
+        return str(self.run_dir / "control" / f"{name}.sock")
+
+    async def start(self) -> DemoState:
+        from agents.keys import init_keys
+
+        o = self.options
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.progress(f"making keys in {self.dir / 'keys'}")
+        keys = init_keys(self.dir / "keys", force=True)
+        nodes: list[DemoNode] = []
+        for index, name in enumerate(self.names(), start=1):
+            port = free_port()
+            self.progress(f"starting agent {name} on 127.0.0.1:{port} ({index}/{o.nodes}, {o.gpus} simulated GPUs)")
+            argv = _gridwatch(
+                "agent", "--node-name", name, "--listen", f"127.0.0.1:{port}",
+                "--host-key", str(keys.host_key), "--authorized-viewers", str(keys.authorized_viewers),
+                "--authorized-operators", str(keys.authorized_operators),
+                "--simulate-gpus", str(o.gpus), "--sim-seed", str(index), "--no-kernel-log",
+                "--interval", f"{o.interval:g}", "--scene-dir", str(self.dir / "scenes" / name),
+                "--trainer-socket", self.socket_for(name), "--log-level", "INFO",
+            )
+            child = spawn(name, argv, self.dir / "logs" / f"{name}.log")
+            self.agents[name] = child
+            nodes.append(DemoNode(name=name, host="127.0.0.1", port=port, pid=child.pid,
+                                  trainer_socket=self.socket_for(name)))
+        self.state = DemoState(dir=str(self.dir), pid=os.getpid(), operator_key=str(keys.operator_key),
+                               viewer_key=str(keys.viewer_key), known_hosts=str(keys.known_hosts), nodes=nodes,
+                               run_dir=str(self.run_dir), started_at=time.time())
+        write_state(self.state)
+        await self._wait_listening(nodes)
+        self.progress(f"{o.nodes} agents up")
+        if o.trainer:
+            self._start_trainer()
+        else:
+            self.trainer_note = "trainer off: running agents and console only"
+        self.state.trainer_pid = self.trainer.pid if self.trainer else None
+        write_state(self.state)
+        return self.state
+
+    def _start_trainer(self) -> None:
+        why = trainer_unavailable()
+        if why:
+            self.trainer_note = f"trainer not available ({why}): running agents and console only"
+            self.progress(self.trainer_note)
+            return
+        o = self.options
+        self.progress(f"starting the trainer across {o.nodes} nodes (one worker per node) in {self.run_dir}")
+        env = {k: v for k, v in os.environ.items() if k != "GRIDWATCH_TRAINER_SOCKET"}
+        argv = _gridwatch("train", "--nodes", str(o.nodes), "--steps", str(o.steps), "--run-dir", str(self.run_dir),
+                          "--node-names", ",".join(self.names()), *o.trainer_args)
+        self.trainer = spawn("trainer", argv, self.dir / "logs" / "trainer.log", env=env)
+
+    async def _wait_listening(self, nodes: list[DemoNode]) -> None:
+        deadline = time.monotonic() + self.options.ready_timeout
+        waiting = list(nodes)
+        while waiting:
+            for node in list(waiting):
+                child = self.agents[node.name]
+                if not child.alive():
+                    raise ClusterError(f"agent {node.name} exited at start (code {child.proc.returncode}): "
+                                       f"{child.log_tail(2) or 'no output'}")
+                try:
+                    _, writer = await asyncio.open_connection(node.host, node.port)
+                except OSError:
+                    continue
+                writer.close()
+                waiting.remove(node)
+            if waiting and time.monotonic() > deadline:
+                raise ClusterError(f"agents {', '.join(n.name for n in waiting)} not listening after "
+                                   f"{self.options.ready_timeout:g} s; see {self.dir / 'logs'}")
+            if waiting:
+                await asyncio.sleep(0.1)
+
+    def respawn_agent(self, name: str) -> bool:
+        """Start a dead agent again on its port (a repaired node coming back); False if it is alive."""
+        child = self.agents.get(name)
+        if child is None or child.alive():
+            return False
+        self.agents[name] = spawn(name, list(child.proc.args), child.log_path)  # type: ignore[arg-type]
+        if self.state is not None:
+            node = self.state.node(name)
+            if node is not None:
+                node.pid = self.agents[name].pid
+            write_state(self.state)
+        return True
+
+    def children(self) -> list[Child]:
+        return [*self.agents.values(), *([self.trainer] if self.trainer else [])]
+
+    def stop(self) -> None:
+        """Stop every process (trainer first, so it does not see its agents vanish), then forget the state."""
+        children = self.children()
+        if children:
+            self.progress(f"stopping {len(children)} processes")
+        if self.trainer is not None:
+            stop_all([self.trainer])
+        stop_all(list(self.agents.values()))
+        if self.state is not None:
+            clear_state(self.state)
+        logger.debug("demo cluster in {} stopped", self.dir)

@@ -1,0 +1,85 @@
+"""Child processes of the demo, each in its own process group, so a shutdown leaves nothing behind."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the demo itself is killed outright, its children go too (Linux only; best effort).
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    """One process the demo started, with its own process group and log file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+
+def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Child:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+    logger.bind(node=name).debug("started pid {}: {}", proc.pid, " ".join(argv))
+    return Child(name, proc, log_path)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all(children: list[Child], grace: float = 5.0) -> None:
+    """SIGTERM every group, wait up to ``grace`` seconds, then SIGKILL what is left (whole groups)."""
+    for child in children:
+        _signal_group(child.pid, signal.SIGTERM)
+        # A process stopped by an injected hang only sees SIGTERM once continued.
+        _signal_group(child.pid, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in children:
+        # Even when the leader exited, workers it started may still hold its group.
+        _signal_group(child.pid, signal.SIGKILL)
+        try:
+            child.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            logger.bind(node=child.name).warning("pid {} did not exit after SIGKILL", child.pid)

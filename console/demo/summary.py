@@ -1,0 +1,158 @@
+"""What a demo run shows at the end: faults, detection and recovery times, steps lost, goodput."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import msgspec
+
+from console.demo.progress import StepPoint
+
+# An incident is the answer to a fault on its node if it opened within this long after it.
+MATCH_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    node: str
+    kind: str
+    at: float
+    code: int | None = None
+    gpu: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"xid {self.code}" if self.kind == "xid" and self.code is not None else self.kind
+
+
+@dataclass(frozen=True)
+class IncidentFacts:
+    """One incident as the store holds it, reduced to what the summary needs."""
+
+    id: str
+    node: str
+    kind: str
+    playbook: str
+    detected_at: float
+    actions: list[str]
+    acted_until: float | None  # when the last step of its plan finished
+
+
+class IncidentSummary(msgspec.Struct, kw_only=True):
+    id: str
+    node: str
+    kind: str
+    playbook: str
+    fault: str | None
+    detected_s: float | None
+    recovered_s: float | None
+    actions: list[str]
+
+
+class DemoSummary(msgspec.Struct, kw_only=True):
+    steps: int | None
+    goodput: float | None
+    wall_s: float
+    steps_lost: int
+    faults: int
+    faults_detected: int
+    incidents: list[IncidentSummary]
+    detect_median_s: float | None = None
+    detect_worst_s: float | None = None
+    recover_median_s: float | None = None
+    recover_worst_s: float | None = None
+    notes: list[str] = []
+
+
+def steps_lost(points: list[StepPoint]) -> int:
+    """Steps done twice: each time the step goes back, the ones between are redone."""
+    lost = 0
+    for before, after in zip(points, points[1:]):
+        if after.step <= before.step:
+            lost += before.step - after.step + 1
+    return lost
+
+
+def goodput(points: list[StepPoint], end: float) -> float | None:
+    """Productive time over wall time, from the first step to ``end``.
+
+    Productive time is the net steps gained times the typical step time (the
+    median of undisturbed intervals): restarts, redone steps and stalls count
+    against it.
+    """
+    if len(points) < 3:
+        return None
+    per_step = [(b.at - a.at) / (b.step - a.step) for a, b in zip(points, points[1:]) if b.step > a.step]
+    if not per_step:
+        return None
+    wall = end - points[0].at
+    if wall <= 0:
+        return None
+    productive = (points[-1].step - points[0].step) * statistics.median(per_step)
+    return max(0.0, min(1.0, productive / wall))
+
+
+def _first_progress(points: list[StepPoint], after: float) -> float | None:
+    previous: int | None = None
+    for point in points:
+        if point.at > after and previous is not None and point.step > previous:
+            return point.at
+        previous = point.step
+    return None
+
+
+def summarize(faults: list[FaultRecord], incidents: list[IncidentFacts], points: list[StepPoint],
+              started: float, end: float, notes: list[str] | None = None) -> DemoSummary:
+    rows: list[IncidentSummary] = []
+    answered: set[int] = set()
+    for inc in sorted(incidents, key=lambda i: i.detected_at):
+        fault_index = None
+        for index, fault in enumerate(faults):
+            if fault.node == inc.node and 0 <= inc.detected_at - fault.at <= MATCH_WINDOW_S:
+                fault_index = index  # the latest fault before it on that node
+        fault = faults[fault_index] if fault_index is not None else None
+        detected = inc.detected_at - fault.at if fault else None
+        recovered = None
+        if fault is not None and points:
+            resumed = _first_progress(points, max(inc.acted_until or inc.detected_at, inc.detected_at))
+            recovered = resumed - fault.at if resumed is not None else None
+        if fault_index is not None:
+            answered.add(fault_index)
+        rows.append(IncidentSummary(id=inc.id, node=inc.node, kind=inc.kind, playbook=inc.playbook,
+                                    fault=fault.label if fault else None,
+                                    detected_s=round(detected, 3) if detected is not None else None,
+                                    recovered_s=round(recovered, 3) if recovered is not None else None,
+                                    actions=inc.actions))
+    detect = [r.detected_s for r in rows if r.detected_s is not None]
+    recover = [r.recovered_s for r in rows if r.recovered_s is not None]
+    return DemoSummary(
+        steps=points[-1].step if points else None,
+        goodput=round(g, 4) if (g := goodput(points, end)) is not None else None,
+        wall_s=round(end - started, 3), steps_lost=steps_lost(points), faults=len(faults),
+        faults_detected=len(answered), incidents=rows,
+        detect_median_s=statistics.median(detect) if detect else None, detect_worst_s=max(detect) if detect else None,
+        recover_median_s=statistics.median(recover) if recover else None,
+        recover_worst_s=max(recover) if recover else None, notes=list(notes or []),
+    )
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def render(summary: DemoSummary) -> list[str]:
+    """The summary as lines for a terminal."""
+    lines = [f"ran {summary.wall_s:.0f} s: {summary.faults} faults injected, {summary.faults_detected} detected, "
+             f"{len(summary.incidents)} incidents"]
+    for row in summary.incidents:
+        lines.append(f"  {row.id} {row.node} {row.kind} ({row.playbook}) fault={row.fault or '-'} "
+                     f"detected={_s(row.detected_s)} recovered={_s(row.recovered_s)} "
+                     f"actions={','.join(row.actions) or '-'}")
+    lines.append(f"detect median {_s(summary.detect_median_s)} worst {_s(summary.detect_worst_s)}; "
+                 f"recover median {_s(summary.recover_median_s)} worst {_s(summary.recover_worst_s)}")
+    good = "-" if summary.goodput is None else f"{summary.goodput * 100:.1f} %"
+    lines.append(f"training: last step {summary.steps if summary.steps is not None else '-'}, "
+                 f"steps lost {summary.steps_lost}, goodput {good}")
+    lines.extend(f"note: {note}" for note in summary.notes)
+    return lines
