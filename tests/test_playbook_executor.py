@@ -220,3 +220,35 @@ def test_drain_commands_are_argv_and_refuse_odd_names() -> None:
         drain_argv("slurm", "--all", "x")
     with pytest.raises(DrainRefused):
         drain_argv("slurm", "n1; rm -rf /", "x")
+
+
+class FlipProbe:
+    """Says a condition holds from the third time it is asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    def holds(self, condition: str, node: str) -> bool:
+        self.asked.append((condition, node))
+        return len(self.asked) >= 3
+
+
+async def test_wait_for_polls_until_the_condition_holds_or_times_out(tmp_path: Path) -> None:
+    text = ("name: w\ntrigger: {event: xid}\nplan:\n  - isolate_node\n"
+            "  - do: wait_for\n    condition: isolated\n    timeout: 5s\n  - notify\n")
+    probe = FlipProbe()
+    executor, _, _, _ = _executor(tmp_path, FakeSink(), probe=probe, poll_interval=0)
+    records = await executor.run(_plan(text))
+    assert [r.state for r in records] == ["done", "done", "done"]
+    assert probe.asked == [("isolated", "node2")] * 3
+
+    class Never:
+        def holds(self, condition: str, node: str) -> bool:
+            return False
+
+    text2 = text.replace("timeout: 5s", "timeout: 20ms")
+    (tmp_path / "second").mkdir()
+    executor2, _, _, _ = _executor(tmp_path / "second", FakeSink(), probe=Never(), poll_interval=0.001)
+    records = await executor2.run(_plan(text2))
+    assert [r.state for r in records] == ["done", "failed", "skipped"]
+    assert records[1].outcome == "timed out after 0.02s"
