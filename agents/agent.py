@@ -263,7 +263,7 @@ class Agent:
             return p.SearchResult(id=req.id, error=p.Text(f"bad pattern: {exc}"))
         truncated = len(found) > req.limit
         lines = [
-            p.LogLine(source=p.Text(src), line=p.Text(text), line_ts=ts, node=self.node) for src, text, ts in found[: req.limit]
+            p.LogLine(source=p.Text(src), line=p.Text(text), line_ts=ts, node=self.node) for src, text, ts in found[-req.limit :]
         ]
         return p.SearchResult(id=req.id, lines=lines, truncated=truncated)
 

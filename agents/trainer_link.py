@@ -47,16 +47,17 @@ class TrainerLink:
         from trainer.control import request
 
         try:
-            return await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
+            reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
         except (OSError, TimeoutError, ValueError) as exc:
             return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}"}
+        return {"ok": reply.ok, "message": str(reply.message)}
 
     async def _poll_forever(self) -> None:
-        from trainer.control import read_status
+        from trainer.control import events_after, read_status
 
         while True:
             try:
-                status, events = await read_status(self.socket_path, timeout=self.timeout)
+                status = await read_status(self.socket_path, timeout=self.timeout)
             except (OSError, TimeoutError, ValueError) as exc:
                 if self.attached:
                     self.attached = False
@@ -72,9 +73,11 @@ class TrainerLink:
                     logger.info("trainer attached at {}", self.socket_path)
                 self.attached = True
                 self.last_ok = time.time()
+                fresh = events_after(status, self._seen_event_seq)
+                if fresh:
+                    self._seen_event_seq = max(e.seq for e in fresh)
+                    # Re-numbered when the agent publishes them into its own stream.
+                    self._events.extend(fresh)
+                status.events = []  # relayed once as events, not again in every sample
                 self.status = status
-                for seq, event in events:
-                    if seq > self._seen_event_seq:
-                        self._seen_event_seq = seq
-                        self._events.append(event)
             await asyncio.sleep(self.interval)
