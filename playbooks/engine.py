@@ -32,6 +32,9 @@ from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 
 # A node is gone for job-wide steps after this many hello intervals of silence.
 LOST_AFTER_INTERVALS = 3.0
+# A restart planned this soon after another, which already left the node out,
+# would only restart the job a second time for the same event.
+RESTART_COALESCE = 60.0
 _HISTORY = 1000  # closed incidents kept for the console and replay summaries
 
 
@@ -79,6 +82,7 @@ class Engine:
         self._holds: dict[tuple[str, str, int | None], float] = {}  # metric condition true since
         self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
         self.ledger = GuardLedger()
+        self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
 
     # ----------------------------------------------------------------- input
 
@@ -419,12 +423,25 @@ class Engine:
         job_size = len([n for n in self.nodes.values()
                         if not incident.job or not n.job or n.job == incident.job]) or 1
         apply_guards(pb, key, steps, self.ledger, job_size, now)
+        self._coalesce_restarts(incident, steps, now)
         for step in steps:
             if step.decision == "act" and step.step in REMOVING_STEPS:
                 for name in step.nodes:
                     if name in self.nodes:
                         self.nodes[name].removed = True
         return Plan(incident=incident, steps=steps)
+
+    def _coalesce_restarts(self, incident: Incident, steps: list[PlannedStep], now: float) -> None:
+        """Nodes lost together make one restart of the job, not one per node."""
+        for step in steps:
+            if step.step != "restart_from_checkpoint" or step.decision != "act" or step.checkpoint != "newest":
+                continue
+            earlier = self._restarts.get(incident.job)
+            if earlier and now - earlier[0] <= RESTART_COALESCE and incident.node not in earlier[2]:
+                step.decision = "skip"
+                step.reason = f"the job already restarts without {incident.node} for {earlier[1]}"
+            else:
+                self._restarts[incident.job] = (now, incident.id, set(step.nodes))
 
     def _steps(self, pb: Playbook, incident: Incident, now: float) -> list[PlannedStep]:
         removing = {incident.node} if any(s.action in REMOVING_STEPS for s in pb.plan) else set()

@@ -51,6 +51,9 @@ def test_cascade_isolates_at_most_the_blast_radius_and_escalates_the_rest() -> N
     isolations = [(s.target, s.decision) for p in result.plans for s in p.steps if s.step == "isolate_node"]
     assert [t for t, d in isolations if d == "act"] == ["node5", "node6"]
     assert [t for t, d in isolations if d == "escalate"] == ["node7", "node8"]
+    restarts = [s for p in result.plans for s in p.steps if s.step == "restart_from_checkpoint"]
+    assert [s.decision for s in restarts] == ["act", "skip", "escalate", "escalate"]  # one restart, not two
+    assert restarts[0].nodes == ["node1", "node2", "node3", "node4"]
 
 
 def test_one_dead_node_makes_one_incident_acting_on_it() -> None:
