@@ -1,0 +1,55 @@
+"""The agent relays its local trainer: status in samples, events once, controls as actions."""
+
+from __future__ import annotations
+
+from agents import protocol as p
+from console.fleet import Fleet, FleetOptions
+from console.hostlist import parse_endpoints
+from tests.conftest import start_agent, stop_agent, wait_until
+from trainer.control_server import ControlServer
+
+
+async def test_status_events_and_isolation_reach_the_trainer(keys, tmp_path):
+    sock = str(tmp_path / "trainer.sock")
+    status = p.TrainerStatus(phase=p.Text("training"), step=41, loss=2.5, world_size=2, pid=None)
+    status.events = [p.Event(kind=p.Text("nan_loss"), severity=p.Text("error"), message=p.Text("loss is nan at step 40"), seq=1)]
+    server = ControlServer(sock, lambda: status, node="node-1")
+    server.start()
+    ra = await start_agent(keys)
+    from agents.trainer_link import TrainerLink
+
+    ra.agent.trainer = TrainerLink(sock, interval=0.05)
+    ra.agent.trainer.start()
+    frames: list[p.Frame] = []
+    fleet = Fleet(parse_endpoints(ra.spec), FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts)),
+                  on_frame=lambda link, f: frames.append(f))
+    await fleet.start()
+    try:
+        await wait_until(lambda: any(isinstance(f, p.Sample) and f.trainer and f.trainer.step == 41 for f in frames), what="trainer status")
+        await wait_until(lambda: [f for f in frames if isinstance(f, p.Event) and f.kind == "nan_loss"], what="nan event")
+        n_before = sum(1 for f in frames if isinstance(f, p.Event) and f.kind == "nan_loss")
+        res = await fleet.action("node-1", "isolate", reason="test")
+        assert res.ok and "trainer" in res.message
+        await wait_until(lambda: any(r.cmd == "leave" for r in server.take()), what="leave control delivered")
+        ck = await fleet.action("node-1", "checkpoint_now")
+        assert ck.ok, ck.message
+        # the same trainer event is relayed once, however many status polls see it
+        assert sum(1 for f in frames if isinstance(f, p.Event) and f.kind == "nan_loss") == n_before == 1
+    finally:
+        await fleet.stop()
+        await ra.agent.trainer.stop()
+        await stop_agent(ra)
+        server.stop()
+
+
+async def test_no_trainer_is_a_clear_answer(agent, keys):
+    fleet = Fleet(parse_endpoints(agent.spec), FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts)))
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected, what="connection")
+        res = await fleet.action("node-1", "pause")
+        assert not res.ok and "no trainer is attached" in res.message
+        crash = await fleet.action("node-1", "inject_fault", {"kind": "trainer-crash"})
+        assert not crash.ok and "no local trainer" in crash.message
+    finally:
+        await fleet.stop()
