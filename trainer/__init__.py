@@ -1,0 +1,1 @@
+"""The supervised trainer: elastic data-parallel workers, tiered checkpoints, a local control socket."""

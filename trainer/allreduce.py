@@ -43,7 +43,9 @@ def pair_name(a: int, b: int) -> str:
     return f"{min(a, b)}-{max(a, b)}"
 
 
-def run(master_addr: str, master_port: int, rank: int, world: int, size_bytes: int, iters: int, timeout_s: float) -> AllReduceResult:
+def run(
+    master_addr: str, master_port: int, rank: int, world: int, size_bytes: int, iters: int, timeout_s: float, pairs: bool = True
+) -> AllReduceResult:
     """Join the group, time the whole world, then every pair in turn (all ranks step together)."""
     import torch
     import torch.distributed as dist
@@ -79,7 +81,7 @@ def run(master_addr: str, master_port: int, rank: int, world: int, size_bytes: i
     try:
         result.world_busbw_gbps = round(timed(None, world), 4)
         # Every rank creates every group, in the same order, as torch.distributed requires.
-        groups = {pair: dist.new_group(list(pair)) for pair in combinations(range(world), 2)} if world > 2 else {}
+        groups = {pair: dist.new_group(list(pair)) for pair in combinations(range(world), 2)} if world > 2 and pairs else {}
         for pair, group in groups.items():
             if rank in pair:
                 try:
@@ -113,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-bytes", type=int, default=1 << 20)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--no-pairs", action="store_true", help="only the whole-world all-reduce, no pairwise mesh")
     args = ap.parse_args(argv)
     if not 0 <= args.rank < args.world or args.world < 2:
         print(json.dumps({"error": f"rank {args.rank} of world {args.world} makes no test (need 0 <= rank < world, world >= 2)"}))
         return 2
-    res = run(args.master_addr, args.master_port, args.rank, args.world, args.size_bytes, args.iters, args.timeout)
+    res = run(args.master_addr, args.master_port, args.rank, args.world, args.size_bytes, args.iters, args.timeout, not args.no_pairs)
     sys.stdout.write(json.dumps(asdict(res)) + "\n")
     return 0 if res.error is None else 1
 

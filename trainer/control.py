@@ -1,0 +1,171 @@
+"""The trainer's local control socket: its message format and an asyncio client (no torch).
+
+A node's trainer serves a unix socket; its agent connects and exchanges
+newline-delimited JSON. A request is ``{"cmd": NAME, "args": {...}}``; every
+request gets exactly one reply line ``{"ok": bool, "message": str, "status": ...}``.
+``status`` returns a :class:`agents.protocol.TrainerStatus`; the controls are
+:data:`CONTROL_COMMANDS`. The node agent imports this module, so it must never
+import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.protocol import Event, Text, TrainerStatus, clean_text
+
+SOCKET_ENV = "GRIDWATCH_TRAINER_SOCKET"
+# A request or reply longer than this is refused: the status is a few KB at most.
+MAX_MESSAGE_BYTES = 1 << 16
+
+STATUS = "status"
+CONTROL_COMMANDS: frozenset[str] = frozenset(
+    {"checkpoint_now", "pause", "resume", "leave", "restart_from"}
+)
+COMMANDS: frozenset[str] = CONTROL_COMMANDS | {STATUS}
+
+
+class ControlRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """One line from the agent to the trainer."""
+
+    cmd: str
+    args: dict[str, Any] = {}
+
+
+class ControlReply(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The trainer's answer to one request; ``ok`` false carries a one-line ``message``."""
+
+    ok: bool
+    message: str = ""
+    status: TrainerStatus | None = None
+
+
+class TrainerUnavailable(OSError):
+    """The trainer's socket is absent, refused the connection or did not answer in time."""
+
+
+def socket_path(run_dir: str | os.PathLike[str], node: str) -> str:
+    """Where the trainer of ``node`` serves its control socket (``GRIDWATCH_TRAINER_SOCKET`` wins)."""
+    override = os.environ.get(SOCKET_ENV)
+    if override:
+        return override
+    return str(Path(run_dir) / "control" / f"{node}.sock")
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    # Same cleaning as agent frames: a trainer's strings are node-supplied text.
+    if type_ is Text:
+        if not isinstance(obj, str):
+            raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
+        return Text(clean_text(obj))
+    raise NotImplementedError(f"unsupported type {type_!r}")
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_request_decoder = msgspec.json.Decoder(ControlRequest)
+_reply_decoder = msgspec.json.Decoder(ControlReply, dec_hook=_dec_hook)
+
+
+def encode_request(cmd: str, args: dict[str, Any] | None = None) -> bytes:
+    return _encoder.encode(ControlRequest(cmd=cmd, args=dict(args or {}))) + b"\n"
+
+
+def encode_reply(reply: ControlReply) -> bytes:
+    return _encoder.encode(reply) + b"\n"
+
+
+def decode_request(line: bytes) -> ControlRequest:
+    """Parse and check one request line; raises ``ValueError`` with a one-line reason."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"request of {len(line)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        req = _request_decoder.decode(line.strip())
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"not a control request: {clean_text(str(exc), 200)}") from None
+    if req.cmd not in COMMANDS:
+        known = ", ".join(sorted(COMMANDS))
+        raise ValueError(f"unknown command {clean_text(req.cmd, 40)!r}; known: {known}")
+    if req.cmd == "restart_from":
+        restart_target(req.args)
+    return req
+
+
+def restart_target(args: dict[str, Any]) -> int:
+    """The checkpoint step a ``restart_from`` names: ``{"step": N}`` or ``{"checkpoint": "N"|"tierT:N"|path}``."""
+    value: Any = args.get("step", args.get("checkpoint"))
+    if isinstance(value, bool) or value is None:
+        raise ValueError('restart_from needs {"step": N} or {"checkpoint": "step-N"}')
+    if isinstance(value, int):
+        step = value
+    else:
+        text = str(value).rstrip("/").rsplit("/", 1)[-1]
+        text = text.split(":", 1)[-1].removeprefix("step-")
+        try:
+            step = int(text)
+        except ValueError:
+            raise ValueError(f"restart_from: {clean_text(str(value), 80)!r} does not name a checkpoint step") from None
+    if step < 0:
+        raise ValueError(f"restart_from: step {step} is negative")
+    return step
+
+
+def decode_reply(line: bytes) -> ControlReply:
+    try:
+        return _reply_decoder.decode(line.strip())
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"trainer sent an unreadable reply: {clean_text(str(exc), 200)}") from None
+
+
+async def request(
+    socket_path: str, command: str, args: dict[str, Any] | None = None, timeout: float = 5.0
+) -> ControlReply:
+    """Send one command to the trainer at ``socket_path`` and return its reply.
+
+    Raises :class:`TrainerUnavailable` when nobody answers within ``timeout``;
+    a refused command comes back as a reply with ``ok`` false, not an exception.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(socket_path, limit=MAX_MESSAGE_BYTES * 4)
+            try:
+                writer.write(encode_request(command, args))
+                await writer.drain()
+                line = await reader.readline()
+            finally:
+                writer.close()
+    except TimeoutError:
+        raise TrainerUnavailable(f"trainer at {socket_path} did not answer within {timeout:g} s") from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise TrainerUnavailable(f"no trainer is listening at {socket_path}") from None
+    except OSError as exc:
+        raise TrainerUnavailable(f"trainer at {socket_path}: {exc.strerror or exc}") from None
+    if not line:
+        raise TrainerUnavailable(f"trainer at {socket_path} closed the connection without a reply")
+    try:
+        return decode_reply(line)
+    except ValueError as exc:
+        raise TrainerUnavailable(str(exc)) from None
+
+
+async def read_status(socket_path: str, timeout: float = 2.0) -> TrainerStatus:
+    """The trainer's current status; raises :class:`TrainerUnavailable` if it cannot be read."""
+    reply = await request(socket_path, STATUS, None, timeout)
+    if not reply.ok or reply.status is None:
+        raise TrainerUnavailable(f"trainer at {socket_path} refused status: {reply.message}")
+    return reply.status
+
+
+def events_after(status: TrainerStatus, seq: int) -> list[Event]:
+    """The events in ``status`` newer than ``seq`` (what a relay has not sent yet)."""
+    return [e for e in status.events if e.seq > seq]

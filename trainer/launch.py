@@ -1,0 +1,275 @@
+"""Launch a training run on this machine: a rendezvous store and one torchrun agent per simulated node.
+
+This module does not import torch, so a console or demo process can start and
+supervise a run without loading it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from trainer.config import TrainConfig, read_config, write_config
+from trainer.control import socket_path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+# Rendezvous settings tuned for fast re-forming: a dead node's heartbeat expires
+# after ~3 s instead of 15, and a re-formed group waits 2 s for late joiners
+# instead of 30. The store is the launcher's, never a training node's.
+TUNED_RDZV = {
+    "is_host": "false",
+    "join_timeout": "600",
+    "last_call_timeout": "2",
+    "close_timeout": "10",
+    "keep_alive_interval": "1",
+    "keep_alive_max_attempt": "3",
+}
+DEFAULT_RDZV = {"is_host": "false"}
+
+
+class LaunchError(ValueError):
+    """A run that cannot start; the message says what to do, in one line."""
+
+
+def node_names(count: int, names: list[str] | None = None) -> list[str]:
+    if names is None:
+        return [f"node-{i}" for i in range(1, count + 1)]
+    if len(names) != count:
+        raise LaunchError(f"--node-names lists {len(names)} names for --nodes {count}")
+    for name in names:
+        if not NODE_NAME.match(name):
+            raise LaunchError(f"node name {name!r} is not allowed (letters, digits, '_', '.', '-')")
+    if len(set(names)) != len(names):
+        raise LaunchError("node names must be unique")
+    return names
+
+
+def torchrun_command(
+    cfg: TrainConfig, endpoint: str, min_nodes: int, max_nodes: int, rdzv: str = "tuned",
+    python: str = sys.executable,
+) -> list[str]:
+    conf = TUNED_RDZV if rdzv == "tuned" else DEFAULT_RDZV
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={min_nodes}:{max_nodes}", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={cfg.run_id()}",
+        "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()),
+        "--max-restarts=100",
+        "-m", "trainer.worker", "--run-dir", str(Path(cfg.run_dir).resolve()),
+    ]
+
+
+def _start_store(python: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(
+        [python, "-m", "trainer.store", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=open(log, "ab"), cwd=PROJECT_ROOT, start_new_session=True,
+        env=_env(), preexec_fn=_die_with_launcher,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().strip()
+    if not line.isdigit():
+        proc.kill()
+        raise LaunchError(f"the rendezvous store did not start (see {log})")
+    return proc, int(line)
+
+
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: SIGTERM it if the launcher dies, so no node outlives its run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class LocalRun:
+    """A run in progress: the store, and per node its torchrun agent (with its worker)."""
+
+    cfg: TrainConfig
+    store: subprocess.Popen[bytes]
+    port: int
+    nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def socket_path(self, node: str) -> str:
+        return socket_path(self.run_dir, node)
+
+    def _signal(self, node: str, sig: int) -> None:
+        proc = self.nodes[node]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill_node(self, node: str) -> None:
+        """Lose a node: SIGKILL its torchrun agent and workers together."""
+        logger.bind(node=node).warning("killing node (agent and workers)")
+        self._signal(node, signal.SIGKILL)
+
+    def freeze_node(self, node: str) -> None:
+        """Freeze a node (SIGSTOP): its sockets stay open but it makes no progress."""
+        self._signal(node, signal.SIGSTOP)
+
+    def thaw_node(self, node: str) -> None:
+        self._signal(node, signal.SIGCONT)
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.nodes.items() if p.poll() is None]
+
+    def last_step(self) -> int:
+        return last_metric_step(self.metrics_path)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for every node to exit; 0 when the run reached its last step, 1 otherwise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for proc in self.nodes.values():
+            left = None if deadline is None else max(0.1, deadline - time.monotonic())
+            try:
+                proc.wait(left)
+            except subprocess.TimeoutExpired:
+                return 1
+        self._stop_store()
+        return 0 if self.last_step() >= self.cfg.steps else 1
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after ``grace``) and the store."""
+        for node, proc in self.nodes.items():
+            if proc.poll() is None:
+                self._signal(node, signal.SIGCONT)
+                self._signal(node, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for node, proc in self.nodes.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._signal(node, signal.SIGKILL)
+                proc.wait()
+        self._stop_store()
+
+    def _stop_store(self) -> None:
+        if self.store.poll() is None:
+            self.store.terminate()
+            try:
+                self.store.wait(5)
+            except subprocess.TimeoutExpired:
+                self.store.kill()
+
+
+def last_metric_step(path: Path) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
+
+
+def has_checkpoints(cfg: TrainConfig) -> bool:
+    run_dir = Path(cfg.run_dir)
+    shared = Path(cfg.second_dir) if cfg.second_dir else run_dir / "shared"
+    return any(run_dir.glob("nodes/*/ckpt/step-*")) or any((shared / "ckpt").glob("step-*"))
+
+
+def prepare(cfg: TrainConfig, resume: bool) -> TrainConfig:
+    """Check the run directory and write the run's config; returns the config the workers will read."""
+    run_dir = Path(cfg.run_dir)
+    if resume:
+        try:
+            old = read_config(run_dir)
+        except ValueError as exc:
+            raise LaunchError(f"cannot resume: {exc}") from None
+        old.steps = cfg.steps
+        cfg = old
+    elif has_checkpoints(cfg):
+        raise LaunchError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose a new --run-dir")
+    else:
+        # A fresh run must not restore an older run's in-memory tier.
+        shutil.rmtree(cfg.tier0_root(), ignore_errors=True)
+        try:
+            (run_dir / "metrics.jsonl").unlink()
+        except FileNotFoundError:
+            pass
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    if not cfg.second_dir:
+        (run_dir / "shared").mkdir(exist_ok=True)
+    write_config(cfg)
+    return cfg
+
+
+def start_local_run(
+    cfg: TrainConfig,
+    names: list[str],
+    *,
+    resume: bool = False,
+    min_nodes: int = 1,
+    rdzv: str = "tuned",
+    python: str = sys.executable,
+) -> LocalRun:
+    """Start ``len(names)`` simulated nodes training ``cfg`` on this machine; returns at once.
+
+    Node ``names[i]`` runs one torchrun agent (``GRIDWATCH_NODE=name``) with one
+    worker, serving its control socket at ``RUN_DIR/control/<name>.sock``.
+    Raises :class:`LaunchError` when the run directory or settings are unusable.
+    """
+    if not names:
+        raise LaunchError("a run needs at least one node")
+    cfg = prepare(cfg, resume)
+    logs = Path(cfg.run_dir) / "logs"
+    store, port = _start_store(python, logs / "store.log")
+    run = LocalRun(cfg=cfg, store=store, port=port)
+    for name in names:
+        cmd = torchrun_command(cfg, f"127.0.0.1:{port}", min(min_nodes, len(names)), len(names), rdzv, python)
+        run.commands[name] = cmd
+        run.nodes[name] = subprocess.Popen(
+            cmd, cwd=PROJECT_ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
+            env=_env({"GRIDWATCH_NODE": name}), preexec_fn=_die_with_launcher,
+        )
+    logger.info("run {} started: {} nodes, store on 127.0.0.1:{}", cfg.run_id(), len(names), port)
+    return run
+
+
+def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host: str = "STORE_HOST") -> str:
+    """What to run for a real cluster: the store on a host outside the job, then torchrun on each node."""
+    cmd = torchrun_command(cfg, f"{store_host}:29400", min_nodes, nodes, "tuned", "python")
+    cmd = ["torchrun", *cmd[3:]]
+    return "\n".join([
+        f"# on {store_host} (not a training node): python -m trainer.store --host 0.0.0.0 --port 29400",
+        "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
+        "GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
+    ])

@@ -1,0 +1,405 @@
+"""The training process torchrun starts on each node: the loop, its guards, checkpoints and controls.
+
+Run as ``python -m torch.distributed.run ... -m trainer.worker --run-dir DIR``;
+the node's name comes from ``GRIDWATCH_NODE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from agents.protocol import Event, Text, TrainerStatus
+from trainer.checkpoint import Manifest
+from trainer.collectives import all_gather_object
+from trainer.config import TrainConfig, read_config
+from trainer.control import restart_target, socket_path
+from trainer.control_server import ControlServer
+from trainer.corpus import build_corpus
+from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
+from trainer.model import ByteGPT, ModelConfig
+from trainer.restore import restore_newest
+from trainer.sampler import BatchSampler, SamplerState, my_slots
+from trainer.state import init_optimizer_state, live_tensors
+from trainer.tiers import SaveOutcome, TieredCheckpointer
+
+# torchrun restarts the workers of every node when one exits non-zero; these say why.
+EXIT_REFORM = 75  # a node left: re-form without it
+EXIT_DEADLINE = 76  # no progress within the deadline: a peer is frozen or gone
+MAX_EVENTS = 64
+
+# Control vector layout (all-reduced with MAX at each step boundary).
+_PAUSE, _RESUME, _CKPT, _RESTART, _LEAVE0 = 0, 1, 2, 3, 4
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio`` at ``cfg.steps``; ``step`` counts from 0."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Worker:
+    def __init__(self, cfg: TrainConfig, node: str) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.log = logger.bind(node=node)
+        torch.manual_seed(cfg.seed)
+        self.mcfg = ModelConfig(seq_len=cfg.seq_len, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads)
+        self.model = ByteGPT(self.mcfg)
+        self.params = list(self.model.parameters())
+        self.numel = sum(p.numel() for p in self.params)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        init_optimizer_state(self.opt)
+        self.live = live_tensors(self.model, self.opt)
+        data = torch.frombuffer(bytearray(build_corpus(cfg.corpus_bytes)), dtype=torch.uint8)
+        self.sampler = BatchSampler(data, cfg.seq_len, cfg.micro_batch, cfg.micro_batches, cfg.seed)
+        self.slots = my_slots(self.rank, self.world, cfg.micro_batches)
+        self.step = 0
+        self.loss_guard = LossGuard(cfg.spike_factor)
+        self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
+        self.prev_time = 0.0
+        self.membership: list[str] = all_gather_object(node)
+        # status, read by the control thread
+        self.phase = "starting"
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.rank_times: list[float] = []
+        self.stragglers: list[int] = []
+        self.paused = False
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self._event_seq = int(time.time() * 1000)  # grows across restarts of this node's trainer
+        self._lock = threading.Lock()
+        self.ckpt = TieredCheckpointer(cfg, node, self._on_saved)
+        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node)
+        self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
+        self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
+
+    # ----------------------------------------------------------------- reporting
+
+    def event(self, kind: str, message: str, severity: str = "warning", **details: object) -> None:
+        with self._lock:
+            self._event_seq += 1
+            ev = Event(
+                kind=Text(kind), severity=Text(severity), message=Text(message), source=Text("trainer"),
+                seq=self._event_seq, ts=time.time(), node=Text(self.node),
+                details={k: Text(str(v)) for k, v in details.items()},
+            )
+            self.events.append(ev)
+        self.log.log("INFO" if severity == "info" else "WARNING", "event {}: {}", kind, message)
+
+    def status(self) -> TrainerStatus:
+        g = self.cfg.micro_batch * self.cfg.micro_batches * self.cfg.seq_len
+        with self._lock:
+            events = list(self.events)
+        return TrainerStatus(
+            job=Text(self.cfg.run_id()), phase=Text(self.phase), step=self.step, epoch=self.sampler.state.epoch,
+            loss=self.loss, grad_norm=self.grad_norm,
+            tokens_per_s=(g / self.prev_time) if self.prev_time > 0 else None,
+            step_time_s=self.prev_time or None,
+            rank_step_times={str(r): t for r, t in enumerate(self.rank_times)},
+            stragglers=list(self.stragglers), membership=[Text(n) for n in self.membership],
+            world_size=self.world, checkpoints={str(t): s for t, s in sorted(self.ckpt.newest.items())},
+            pid=os.getpid(), node=Text(self.node), rank=self.rank, paused=self.paused, events=events,
+        )
+
+    def _on_saved(self, out: SaveOutcome) -> None:
+        if out.error:
+            self.event("checkpoint", f"tier {out.tier} checkpoint at step {out.step} failed: {out.error}",
+                       "error", tier=out.tier, step=out.step, path=out.path)
+        elif out.tier > 0:
+            self.event("checkpoint", f"tier {out.tier} checkpoint at step {out.step} written",
+                       "info", tier=out.tier, step=out.step, path=out.path, seconds=f"{out.seconds:.3f}")
+
+    def _on_deadline(self, idle: float) -> None:
+        self.log.error(
+            "no progress for {:.1f} s (a peer is frozen or gone); leaving so the job re-forms without it", idle
+        )
+        self._exit(EXIT_DEADLINE)
+
+    def _exit(self, code: int) -> None:
+        try:
+            self.server.stop()
+        finally:
+            logger.complete()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _append_metrics(self, record: dict[str, object]) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _truncate_metrics(self, upto: int) -> None:
+        """Keep only steps up to ``upto``: later ones are about to be recomputed after a restore."""
+        if not self.metrics.exists():
+            return
+        keep = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= upto:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+        tmp = self.metrics.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, self.metrics)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def manifest(self) -> Manifest:
+        return Manifest(
+            step=self.step, epoch=self.sampler.state.epoch, sampler_position=self.sampler.state.position,
+            tier=0, world_size=self.world, model=self.mcfg.fingerprint(), node=self.node,
+            lr_schedule={"kind": "warmup_cosine", "lr": self.cfg.lr, "warmup": self.cfg.warmup,
+                         "horizon": self.cfg.steps, "min_lr_ratio": self.cfg.min_lr_ratio,
+                         "last_lr": lr_at(self.cfg, max(0, self.step - 1))},
+            rng_ranks=self.world,
+        )
+
+    def snapshot(self, tiers: set[int]) -> float:
+        """Every rank together: gather all RNG states, then copy the state out (the only stall)."""
+        rng = torch.get_rng_state()
+        all_rng = [torch.empty_like(rng) for _ in range(self.world)]
+        dist.all_gather(all_rng, rng)
+        state = dict(self.live)
+        state.update({f"rng.rank{r}": t for r, t in enumerate(all_rng)})
+        every2 = max(1, self.cfg.tier2_every)
+        owner = (self.step // every2) % self.world == self.rank
+        return self.ckpt.snapshot(state, self.manifest(), tiers, tier2_owner=owner, rank=self.rank)
+
+    def restore(self, want_step: int | None = None) -> bool:
+        self.phase = "restarting"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.ckpt.flush()
+        manifest, skipped = restore_newest(self.cfg, self.node, self.live, self.mcfg.fingerprint(), want_step)
+        for line in skipped:
+            self.event("checkpoint", line, "warning")
+        if manifest is None:
+            return False
+        self.step = manifest.step
+        self.sampler.state = SamplerState(epoch=manifest.epoch, position=manifest.sampler_position)
+        if self.rank == 0:
+            self._truncate_metrics(self.step)
+        self.event("checkpoint", f"restored step {manifest.step} (tier {manifest.tier}, written by {manifest.world_size} ranks) on {self.world} ranks",
+                   "info", step=manifest.step, tier=manifest.tier)
+        return True
+
+    # ----------------------------------------------------------------- the loop
+
+    def _controls(self) -> torch.Tensor:
+        vec = torch.zeros(_LEAVE0 + self.world, dtype=torch.float64)
+        for req in self.server.take():
+            if req.cmd == "pause":
+                vec[_PAUSE] = 1
+            elif req.cmd == "resume":
+                vec[_RESUME] = 1
+            elif req.cmd == "checkpoint_now":
+                vec[_CKPT] = 1
+            elif req.cmd == "leave":
+                vec[_LEAVE0 + self.rank] = 1
+            elif req.cmd == "restart_from":
+                vec[_RESTART] = max(float(vec[_RESTART]), restart_target(req.args) + 1)
+        dist.all_reduce(vec, op=dist.ReduceOp.MAX)
+        return vec
+
+    def _handle(self, ctl: torch.Tensor) -> None:
+        """Apply the controls every rank now agrees on."""
+        if ctl[_CKPT] > 0:
+            self.phase = "checkpointing"
+            self.snapshot({0, 1, 2})
+            self.event("checkpoint", f"checkpoint_now at step {self.step}", "info", step=self.step)
+        leaving = [r for r in range(self.world) if ctl[_LEAVE0 + r] > 0]
+        if leaving:
+            self._leave(leaving)
+        if ctl[_RESTART] > 0:
+            target = int(ctl[_RESTART]) - 1
+            here = self.step
+            if not self.restore(target):
+                self.event("checkpoint", f"restart_from: no valid checkpoint at step {target}; training goes on from step {here}", "error")
+            self.phase = "training"
+        if ctl[_PAUSE] > 0 and ctl[_RESUME] == 0:
+            self._pause()
+
+    def _pause(self) -> None:
+        self.phase, self.paused = "paused", True
+        self.event("action", f"paused at step {self.step}", "info")
+        while True:
+            self.deadline.feed()
+            ctl = self._controls()
+            if ctl[_CKPT] > 0 or ctl[_RESTART] > 0 or any(ctl[_LEAVE0:] > 0):
+                self._handle(ctl)
+            if ctl[_RESUME] > 0:
+                break
+            time.sleep(0.2)
+        self.phase, self.paused = "training", False
+        self.event("action", f"resumed at step {self.step}", "info")
+
+    def _leave(self, leaving: list[int]) -> None:
+        """Checkpoint to local disk, then the leaving node stops and the others re-form without it."""
+        self.phase = "checkpointing"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.snapshot({0, 1})
+        self.ckpt.flush()
+        dist.barrier()
+        names = ", ".join(self.membership[r] for r in leaving)
+        if self.rank in leaving:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request; the others re-form without this node", self.step)
+            # Stopping our torchrun agent by signal keeps the rendezvous open for the others
+            # (a clean exit would close it for everyone).
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(30)
+            self._exit(0)
+        self.log.info("{} left at step {}; re-forming", names, self.step)
+        self._exit(EXIT_REFORM)
+
+    def train_step(self) -> None:
+        cfg = self.cfg
+        g_count = cfg.micro_batches
+        t0 = time.perf_counter()
+        batches = self.sampler.next_global_batch()
+        if self.rank == cfg.fault_slow_rank and self.step + 1 == cfg.fault_slow_step:
+            time.sleep(cfg.fault_slow_s)
+        lr = lr_at(cfg, self.step)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        exact = cfg.reduce == "exact"
+        grads = torch.zeros((g_count if exact else 1, self.numel), dtype=torch.float32)
+        stats = torch.zeros(g_count + self.world, dtype=torch.float64)
+        for slot in self.slots:
+            x, y = self.sampler.tensors(batches[slot])
+            loss = self.model(x, y)
+            loss.backward()
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            if exact:
+                grads[slot] = flat
+            else:
+                grads[0] += flat
+            for p in self.params:
+                p.grad = None
+            stats[slot] = loss.item()
+        stats[g_count + self.rank] = self.prev_time
+        # Each slot is filled by one rank and zero elsewhere, so the sum is exact and
+        # the per-slot sum below adds in the same order on any world size.
+        dist.all_reduce(grads)
+        dist.all_reduce(stats)
+        mean = grads.sum(dim=0).div_(g_count)
+        loss_value = float(stats[:g_count].sum().item() / g_count)
+        if cfg.fault_nan_step and self.step + 1 == cfg.fault_nan_step:
+            loss_value = float("nan")
+        verdict = self.loss_guard.check(loss_value)
+        if verdict == "nan_loss":
+            self.event("nan_loss", f"loss is {loss_value} at step {self.step + 1}: update skipped, last snapshot kept on disk",
+                       "error", step=self.step + 1)
+            self.ckpt.protect(f"protective: non-finite loss at step {self.step + 1}")
+            self.grad_norm = None
+        else:
+            offset = 0
+            for p in self.params:
+                p.grad = mean[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.clip))
+            self.opt.step()
+            for p in self.params:
+                p.grad = None
+            if verdict == "loss_spike":
+                self.event("loss_spike", f"loss {loss_value:.4f} at step {self.step + 1} is over {cfg.spike_factor:g}x the recent median",
+                           "warning", step=self.step + 1)
+                self.ckpt.protect(f"protective: loss spike at step {self.step + 1}")
+        self.step += 1
+        self.loss = loss_value
+        self.rank_times = [float(t) for t in stats[g_count:]]
+        if self.step > 1:
+            self.stragglers = self.straggler_guard.check(self.rank_times)
+            for r in self.stragglers:
+                self.event("straggler", f"rank {r} ({self.membership[r]}) took {self.rank_times[r]:.3f} s for step {self.step - 1}",
+                           "warning", rank=r, node=self.membership[r], step=self.step - 1)
+        if self.rank == 0:
+            self._append_metrics({"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": self.grad_norm,
+                                  "world_size": self.world, "time": time.time()})
+        self.prev_time = time.perf_counter() - t0
+
+    def run(self) -> int:
+        self.server.start()
+        self.deadline.watch()
+        if not self.restore() and self.rank == 0:
+            self.log.info("no checkpoint found: starting at step 0")
+            self._truncate_metrics(0)
+        self.phase = "training"
+        self.deadline.feed(self.cfg.progress_deadline_s)
+        while self.step < self.cfg.steps:
+            self._handle(self._controls())
+            self.train_step()
+            self.deadline.feed(self.cfg.progress_deadline_s)
+            tiers = self.ckpt.due(self.step)
+            if tiers:
+                self.snapshot(tiers)
+        self.phase = "checkpointing"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.snapshot({0, 1, 2})
+        self.ckpt.stop()
+        dist.barrier()
+        self.phase = "done"
+        if self.rank == 0:
+            self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
+        self.server.stop()
+        return 0
+
+
+def _setup_logging(node: str) -> None:
+    # This job has no numpy and saves per process on purpose; torch warns about both.
+    warnings.filterwarnings("ignore", message=".*NumPy.*")
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    logger.remove()
+    fmt = "{time:HH:mm:ss.SSS} {level: <7} [{extra[node]}] {message}"
+    logger.configure(extra={"node": node})
+    logger.add(sys.stderr, format=fmt, level=os.environ.get("GRIDWATCH_LOG_LEVEL", "INFO"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainer.worker")
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args(argv)
+    node = os.environ.get("GRIDWATCH_NODE") or f"node-{int(os.environ.get('GROUP_RANK', '0')) + 1}"
+    _setup_logging(node)
+    try:
+        cfg = read_config(args.run_dir)
+    except ValueError as exc:
+        logger.error("{}", exc)
+        return 2
+    torch.set_num_threads(1)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
+    dist.init_process_group(backend, timeout=timeout)
+    try:
+        worker = Worker(cfg, node)
+        return worker.run()
+    except Exception as exc:
+        # A peer that died makes the next collective fail: exit so torchrun re-forms.
+        logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        logger.complete()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
