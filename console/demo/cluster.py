@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import sys
 import time
@@ -174,7 +175,8 @@ class Cluster:
         if children:
             self.progress(f"stopping {len(children)} processes")
         if self.trainer is not None:
-            stop_all([self.trainer])
+            # SIGINT is the trainer's own way to stop: its nodes keep their newest checkpoint.
+            stop_all([self.trainer], grace=10.0, first=signal.SIGINT)
         stop_all(list(self.agents.values()))
         if self.state is not None:
             clear_state(self.state)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from loguru import logger
 
 _PR_SET_PDEATHSIG = 1
@@ -59,16 +60,31 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(pid, sig)
+        if os.getpgid(pid) == os.getpgrp():
+            os.kill(pid, sig)  # never signal our own group
+        else:
+            os.killpg(os.getpgid(pid), sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def stop_all(children: list[Child], grace: float = 5.0) -> None:
-    """SIGTERM every group, wait up to ``grace`` seconds, then SIGKILL what is left (whole groups)."""
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def stop_all(children: list[Child], grace: float = 5.0, first: signal.Signals = signal.SIGTERM) -> None:
+    """Signal every group with ``first``, wait up to ``grace`` seconds, then SIGKILL everything left.
+
+    Processes a child started in sessions of their own (the trainer's nodes)
+    are found through the process tree before the leader goes, so they go too.
+    """
+    tree = {child.pid: descendants(child.pid) for child in children}
     for child in children:
-        _signal_group(child.pid, signal.SIGTERM)
-        # A process stopped by an injected hang only sees SIGTERM once continued.
+        _signal_group(child.pid, first)
+        # A process stopped by an injected hang only sees the signal once continued.
         _signal_group(child.pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     for child in children:
@@ -76,9 +92,20 @@ def stop_all(children: list[Child], grace: float = 5.0) -> None:
             child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+    left: dict[int, psutil.Process] = {}
     for child in children:
-        # Even when the leader exited, workers it started may still hold its group.
+        for proc in [*tree[child.pid], *(d for t in tree[child.pid] for d in descendants(t.pid))]:
+            left[proc.pid] = proc
         _signal_group(child.pid, signal.SIGKILL)
+    for proc in left.values():
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(left.values()), timeout=2.0)
+    for child in children:
         try:
             child.proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:

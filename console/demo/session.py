@@ -130,9 +130,8 @@ class DemoSession:
             self.trainer_status[node] = frame.trainer
         elif isinstance(frame, p.Event) and frame.kind == "fault_injected":
             kind = str(frame.details.get("fault", "")) or "fault"
-            code = frame.details.get("code")
-            self._record_fault(FaultRecord(node=node, kind=kind, at=frame.ts or self.clock(),
-                                           code=int(code) if code and str(code).isdigit() else None))
+            self._record_fault(FaultRecord(node=node, kind=kind, at=frame.ts or self.clock(), code=frame.code,
+                                           gpu=frame.gpu))
         assert self.supervisor is not None
         self.supervisor.feed(node, frame)
 

@@ -1,0 +1,137 @@
+"""The demo: its summary arithmetic, chaos choices, the state file, `gridwatch fault`, and a clean shutdown."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from console.demo.chaos import Chaos, FaultSpec
+from console.demo.progress import StepPoint, TrainingWatch
+from console.demo.summary import FaultRecord, IncidentFacts, goodput, steps_lost, summarize
+from tests.conftest import wait_until
+
+PY = sys.executable
+
+
+def points(*pairs: tuple[float, int]) -> list[StepPoint]:
+    return [StepPoint(at, step) for at, step in pairs]
+
+
+def test_steps_lost_counts_redone_steps_after_a_restart() -> None:
+    # Trained to 12, restarted from the checkpoint at 10: steps 10, 11, 12 are done twice.
+    pts = points((0, 8), (1, 9), (2, 10), (3, 11), (4, 12), (10, 10), (11, 11), (12, 12), (13, 13))
+    assert steps_lost(pts) == 3
+
+
+def test_goodput_is_one_without_faults_and_lower_with_a_stall() -> None:
+    steady = points(*[(float(i), i) for i in range(11)])
+    assert goodput(steady, end=10.0) == pytest.approx(1.0)
+    stalled = points(*[(float(i), i) for i in range(6)], *[(float(i + 10), i) for i in range(6, 11)])
+    assert goodput(stalled, end=20.0) == pytest.approx(0.5)
+
+
+def test_summary_times_detection_and_recovery_from_the_fault() -> None:
+    faults = [FaultRecord(node="node-2", kind="xid", code=79, at=100.0)]
+    incidents = [IncidentFacts(id="inc-1", node="node-2", kind="xid", playbook="xid-hardware", detected_at=101.5,
+                               actions=["capture_scene", "isolate_node"], acted_until=104.0)]
+    pts = points((99, 5), (100, 6), (103, 7), (110, 5), (112, 6), (113, 7))
+    summary = summarize(faults, incidents, pts, started=90.0, end=120.0)
+    row = summary.incidents[0]
+    assert (row.detected_s, row.recovered_s, row.fault) == (1.5, 12.0, "xid 79")
+    assert summary.faults_detected == 1 and summary.steps == 7 and summary.steps_lost == 3
+
+
+def test_an_incident_on_another_node_is_not_the_answer_to_a_fault() -> None:
+    faults = [FaultRecord(node="node-2", kind="thermal", at=100.0)]
+    incidents = [IncidentFacts(id="inc-1", node="node-3", kind="xid", playbook="p", detected_at=101.0, actions=[],
+                               acted_until=None)]
+    summary = summarize(faults, incidents, [], started=90.0, end=120.0)
+    assert summary.incidents[0].detected_s is None and summary.faults_detected == 0
+
+
+def test_training_watch_reads_whole_lines_only(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    watch = TrainingWatch(path, clock=lambda: 5.0)
+    assert watch.poll() == []  # no file yet
+    path.write_text('{"step": 1, "loss": 3.2}\n{"step": 2, "lo')
+    assert [p.step for p in watch.poll()] == [1]
+    with path.open("a") as fh:
+        fh.write('ss": 3.1}\nnot json\n')
+    assert [p.step for p in watch.poll()] == [2]
+
+
+async def test_chaos_only_picks_nodes_still_in_service() -> None:
+    injected: list[tuple[str, str, int]] = []
+
+    async def inject(node: str, spec: FaultSpec, gpu: int) -> object:
+        injected.append((node, spec.label, gpu))
+        return None
+
+    rounds = 0
+
+    async def no_sleep(_: float) -> None:
+        nonlocal rounds
+        rounds += 1
+        if rounds > 20:
+            raise StopAsyncIteration
+
+    chaos = Chaos(inject, lambda: ["node-3"], every=60, gpus=2, rng=random.Random(1), sleep=no_sleep)  # type: ignore[arg-type]
+    with pytest.raises(StopAsyncIteration):
+        await chaos.run()
+    assert len(injected) == 20 and {n for n, _, _ in injected} == {"node-3"}
+    assert {g for _, _, g in injected} <= {0, 1}
+
+
+def _gridwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_fault_without_a_demo_says_so_in_one_line(tmp_path: Path) -> None:
+    res = _gridwatch("fault", "node-2", "xid", "--code", "79", "--dir", str(tmp_path))
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "no demo state" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fault_xid_needs_a_code() -> None:
+    res = _gridwatch("fault", "node-2", "xid")
+    assert res.returncode == 2 and "--code" in res.stderr
+
+
+async def test_demo_without_trainer_takes_faults_by_node_name_and_leaves_no_process(tmp_path: Path) -> None:
+    import asyncio
+
+    from console.demo.cluster import ClusterOptions
+    from console.demo.session import DemoOptions, DemoSession
+
+    lines: list[str] = []
+    session = DemoSession(DemoOptions(cluster=ClusterOptions(nodes=2, gpus=1, interval=0.5, trainer=False),
+                                      directory=str(tmp_path / "demo")), say=lines.append)
+    pids: list[int] = []
+    try:
+        await session.start()
+        pids = [c.pid for c in session.cluster.children()]
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+        await session.attach()
+        await session.wait_connected(timeout=30)
+        # The CLI finds node-2 through the demo's state file and goes through the operator action.
+        res = await asyncio.to_thread(_gridwatch, "fault", "node-2", "xid", "--code", "13", "--dir", str(tmp_path / "demo"))
+        assert res.returncode == 0, res.stderr
+        assert "XID 13" in res.stdout
+        await wait_until(lambda: any(f.node == "node-2" and f.code == 13 for f in session.faults), 15, "the fault event")
+        await wait_until(lambda: session.store.incidents(), 15, "an incident")
+        incident = session.store.incidents()[0]
+        assert (incident.node, incident.playbook) == ("node-2", "xid-application")
+        unknown = await asyncio.to_thread(_gridwatch, "fault", "node-9", "thermal", "--dir", str(tmp_path / "demo"))
+        assert unknown.returncode == 2 and "node-1, node-2" in unknown.stderr
+        summary = session.summary()
+        assert summary.faults == 1 and summary.incidents[0].detected_s is not None
+    finally:
+        await session.close()
+    gone = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert gone == []
+    assert not (tmp_path / "demo" / "demo.json").exists()
