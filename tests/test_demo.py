@@ -65,6 +65,19 @@ def test_training_watch_reads_whole_lines_only(tmp_path: Path) -> None:
     assert [p.step for p in watch.poll()] == [2]
 
 
+def test_training_watch_follows_the_trainer_rewriting_its_metrics(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    watch = TrainingWatch(path, clock=lambda: 0.0)
+    path.write_text("".join(f'{{"step": {s}, "time": {s}.0}}\n' for s in range(1, 13)))
+    watch.poll()
+    # A restore from step 10 keeps lines up to 10 in a new file, then training goes on.
+    tmp = tmp_path / "metrics.tmp"
+    tmp.write_text("".join(f'{{"step": {s}, "time": {s}.0}}\n' for s in range(1, 11)) + '{"step": 11, "time": 20.0}\n')
+    tmp.replace(path)
+    assert [(p.step, p.at) for p in watch.poll()] == [(11, 20.0)]
+    assert steps_lost(watch.points) == 2 and watch.last_step == 11
+
+
 async def test_chaos_only_picks_nodes_still_in_service() -> None:
     injected: list[tuple[str, str, int]] = []
 
