@@ -208,6 +208,7 @@ class Agent:
         """Tick on a fixed schedule until :meth:`stop`; a slow tick is logged, not stacked."""
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        overruns, warned_at = 0, -60.0
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -216,7 +217,11 @@ class Agent:
             next_at += self.config.interval
             delay = next_at - loop.time()
             if delay < 0:
-                self.log.warning("tick overran its interval by {:.0f} ms", -delay * 1000)
+                overruns += 1
+                # Once a minute at most: a loaded node must not also flood its own log.
+                if loop.time() - warned_at >= 60:
+                    self.log.warning("tick overran its interval by {:.0f} ms ({} overruns so far)", -delay * 1000, overruns)
+                    warned_at = loop.time()
                 next_at = loop.time()
                 delay = 0
             try:

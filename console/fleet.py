@@ -156,7 +156,7 @@ class Fleet:
             return False
         try:
             proc.stdin.write(p.encode(frame))
-        except (OSError, asyncssh.Error, BrokenPipeError):
+        except (OSError, asyncssh.Error):
             return False
         return True
 
@@ -293,10 +293,13 @@ class Fleet:
         self._conns[link.endpoint] = conn
         proc = await asyncio.wait_for(conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
         lines = LineBuffer()
-        hello = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
         self._on_hello(link, hello)
         self._procs[link.endpoint] = proc
-        proc.stdin.write(p.encode(p.Subscribe(resume_from=link.last_seq or None, logs=link.want_logs)))
+        for line in rest:
+            self._on_line(link, line)
+        if not self._send(link, p.Subscribe(resume_from=link.last_seq or None, logs=link.want_logs)):
+            raise ConnectionError("the agent closed the stream after its hello")
         self._set(link, LinkState.CONNECTED, None)
         while True:
             data = await proc.stdout.read(READ_CHUNK)
@@ -309,16 +312,18 @@ class Fleet:
                 link.last_error = f"{link.name}: {lines.oversized} oversized frame(s) dropped"
                 lines.oversized = 0
 
-    async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> p.Hello:
+    async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> tuple[p.Hello, list[bytes]]:
+        """The hello, and whatever lines arrived in the same read after it."""
         while True:
             data = await proc.stdout.read(READ_CHUNK)
             if not data:
                 err = (await proc.stderr.read(4096)) if proc.stderr else b""
                 raise ConnectionError(p.clean_text(err.decode(errors="replace"), 200) or "the agent closed the stream before its hello")
-            for line in lines.feed(data):
-                frame = p.decode_agent_frame(line)
+            received = lines.feed(data)
+            if received:
+                frame = p.decode_agent_frame(received[0])
                 if isinstance(frame, p.Hello):
-                    return frame
+                    return frame, received[1:]
                 raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
 
     def _on_hello(self, link: NodeLink, hello: p.Hello) -> None:
