@@ -252,7 +252,7 @@ def judge_nics(
             values[name].update(rx_errors=a.rx_errors, tx_errors=a.tx_errors)
             if rx > 0 or tx > 0:
                 problems.append(f"{name} errors climbing (+{rx} rx, +{tx} tx in {seconds:.1f} s)")
-    return CheckOutcome(not problems, _summary(problems, f"{len(nics)} NIC(s) up, no errors climbing"), {"nics": values})
+    return CheckOutcome(not problems, _summary(problems, f"{len(nics)} NIC(s) up, no errors climbing"), {"nics": values, "problems": problems})
 
 
 async def check_network(nics: list[str], speed_mbps: float | None, sample_s: float) -> CheckOutcome:
@@ -295,7 +295,7 @@ def check_storage(paths: list[str], need_gb: float, write_mb: float, min_write_m
             values[path]["write_mbps"] = round(rate, 1)
             if min_write_mbps and rate < min_write_mbps:
                 problems.append(f"{path}: writes at {rate:.0f} MB/s, need {min_write_mbps:g}")
-    return CheckOutcome(not problems, _summary(problems, f"{len(paths)} checkpoint path(s) writable, space enough"), {"paths": values})
+    return CheckOutcome(not problems, _summary(problems, f"{len(paths)} checkpoint path(s) writable, space enough"), {"paths": values, "problems": problems})
 
 
 def _write_test(where: Path, write_mb: float) -> float:

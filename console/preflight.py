@@ -47,7 +47,7 @@ class PreflightOptions:
     comm_iters: int = 5
     comm_timeout_s: float = 60.0
     mesh_max_nodes: int = 4  # full-mesh pairs up to this many nodes (the seeds' 2-4 node test)
-    slow_pair_fraction: float = 0.5  # a pair under this share of the median pair is slow
+    slow_pair_fraction: float = 0.5  # a pair under this share of the fastest pair is slow
     min_busbw_gbps: float = 0.0
     connect_timeout: float = 10.0
     action_timeout: float = 120.0
@@ -303,8 +303,9 @@ def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.Action
     comm.pairs = {k: round(v, 4) for k, v in sorted(pair_bw.items())}
     comm.failed_pairs = sorted(failed)
     if len(pair_bw) >= 3:
-        median = statistics.median(pair_bw.values())
-        comm.slow_pairs = sorted(k for k, v in pair_bw.items() if v < options.slow_pair_fraction * median)
+        # Against the fastest, not the median: one bad node spoils most pairs of a small mesh.
+        best = max(pair_bw.values())
+        comm.slow_pairs = sorted(k for k, v in pair_bw.items() if v < options.slow_pair_fraction * best)
     if options.min_busbw_gbps:
         comm.slow_pairs = sorted(set(comm.slow_pairs) | {k for k, v in pair_bw.items() if v < options.min_busbw_gbps})
     bad = set(comm.slow_pairs) | failed
