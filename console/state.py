@@ -27,6 +27,7 @@ from agents.protocol import (
     LogLine,
     Sample,
     TrainerStatus,
+    clean_text,
 )
 from console.hostlist import HostlistError, expand
 
@@ -446,7 +447,8 @@ class StateStore:
         if name:
             self._rename(node, name)
         node.link = str(state)
-        node.link_error = error
+        # Errors can quote what a peer sent (an SSH banner, a reason): cleaned like any node text.
+        node.link_error = clean_text(error, 300) if error else None
         if role is not None:
             node.role = role
         self.generation += 1

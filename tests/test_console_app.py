@@ -66,10 +66,15 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 5.0) -
         await pilot.pause(0.01)
 
 
+def shown(app: GridwatchApp, screen_type: type) -> bool:
+    """The view is on top and has drawn itself from the store."""
+    return isinstance(app.screen, screen_type) and app.screen.ready
+
+
 def make_app(names: list[str] | None = None, *, read_only: bool = False, role: str = "operator",
              fleet: RecordingFleet | None = None) -> GridwatchApp:
     store = StateStore(ManualClock(T0))
-    fill_fleet(store, names or [f"node{i:02d}" for i in range(1, 9)])
+    fill_fleet(store, names if names is not None else [f"node{i:02d}" for i in range(1, 9)])
     for node in store.nodes.values():
         node.role = role
     incidents = MemoryIncidents(store.clock)
@@ -88,21 +93,22 @@ async def test_home_shows_every_node_and_enter_opens_it_and_esc_goes_back() -> N
     fleet = RecordingFleet()
     app = make_app(fleet=fleet)
     async with app.run_test(size=SIZE) as pilot:
-        assert isinstance(app.screen, FleetScreen)
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         assert table_keys(app, "#node-table")[:3] == ["node01", "node02", "node03"]
         await pilot.press("down", "down", "enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, NodeScreen))
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
         assert app.screen.node_name == "node03"
         assert table_keys(app, "#gpu-table") == [str(i) for i in range(8)]
         assert fleet.subscriptions == [("node03", True)]
         await pilot.press("escape")
-        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen))
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         assert fleet.subscriptions[-1] == ("node03", False)
 
 
 async def test_slash_filters_the_table_and_the_heatmap_and_escape_clears_it() -> None:
     app = make_app(["gpu-a1", "gpu-a2", "gpu-b1", "gpu-b2"])
     async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         await pilot.press("slash", "b")
         await wait_for(pilot, lambda: table_keys(app, "#node-table") == ["gpu-b1", "gpu-b2"])
         assert [n.name for n in app.screen.query_one(GpuHeatmap).nodes] == ["gpu-b1", "gpu-b2"]
@@ -113,6 +119,7 @@ async def test_slash_filters_the_table_and_the_heatmap_and_escape_clears_it() ->
 async def test_sort_key_cycles_and_reverse_flips() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         screen = app.screen
         await pilot.press("s")
         assert screen.sort_key == "status"
@@ -125,12 +132,13 @@ async def test_sort_key_cycles_and_reverse_flips() -> None:
 async def test_colon_commands_switch_views_like_k9s() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         for command, screen_type in (("logs", LogsScreen), ("incidents", IncidentsScreen),
                                      ("training", TrainingScreen), ("nodes", FleetScreen)):
             await pilot.press("colon")
             await wait_for(pilot, lambda: isinstance(app.screen, CommandLine))
             await pilot.press(*command, "enter")
-            await wait_for(pilot, lambda t=screen_type: isinstance(app.screen, t))
+            await wait_for(pilot, lambda t=screen_type: shown(app, t))
         assert len(app.screen_stack) == 1
         await pilot.press("colon", *"bogus", "enter")
         await wait_for(pilot, lambda: "unknown command" in app.note)
@@ -139,10 +147,227 @@ async def test_colon_commands_switch_views_like_k9s() -> None:
 async def test_question_mark_lists_the_keys_of_the_view() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen))
-        shown = dict(app.screen.rows)
-        assert shown["/"] == "Filter" and shown["m"] == "Metric" and shown["s"] == "Sort"
-        assert {":logs", ":incidents", ":training", ":nodes", "ctrl+p", "?"} <= set(shown)
+        listed = dict(app.screen.rows)
+        assert listed["/"] == "Filter" and listed["m"] == "Metric" and listed["s"] == "Sort"
+        assert {":logs", ":incidents", ":training", ":nodes", "ctrl+p", "?"} <= set(listed)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen))
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+
+
+def screen_text(app: GridwatchApp) -> str:
+    """What the terminal shows, as plain text lines."""
+    update = app.screen._compositor.render_full_update()
+    return "\n".join("".join(strip.text for strip in line) for line in update.strips)
+
+
+def terminal_bytes(app: GridwatchApp) -> str:
+    """What would be written to the terminal, escape sequences and all."""
+    return app.screen._compositor.render_full_update().render_segments(app.console)
+
+
+async def test_node_isolate_asks_first_and_cancel_sends_nothing() -> None:
+    fleet = RecordingFleet()
+    app = make_app(fleet=fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.open_node("node02")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert fleet.actions == []
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press(*"bad gpu 3", "enter")
+        await wait_for(pilot, lambda: fleet.actions == [("node02", "isolate", "bad gpu 3")])
+        await wait_for(pilot, lambda: "isolate on node02: ok" in app.note)
+
+
+async def test_incident_acknowledge_and_silence_go_through_a_confirmation_into_the_audit_trail() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        assert table_keys(app, "#incident-table") == ["inc-1"]
+        assert "capture_scene" in screen_text(app)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press(*"on it", "enter")
+        incidents = app.runtime.incidents
+        await wait_for(pilot, lambda: incidents.rows["inc-1"].state == "acknowledged")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        duration = app.screen.query_one("#confirm-duration")
+        duration.value = "2h"
+        await pilot.press(*"maintenance", "enter")
+        await wait_for(pilot, lambda: incidents.rows["inc-1"].state == "silenced")
+        row = incidents.rows["inc-1"]
+        assert row.silenced_until == pytest.approx(T0 + 7200)
+        assert [(a.what.split()[0], a.why) for a in row.audit] == [("acknowledge", "on it"),
+                                                                   ("silence", "maintenance")]
+        app.runtime.store.clock.advance(7201)  # the silence expires by itself
+        app.tick()
+        assert incidents.rows["inc-1"].state == "open"
+
+
+async def test_a_bad_silence_duration_is_explained_and_nothing_changes() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        app.screen.query_one("#confirm-duration").value = "forever"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "bad duration" in screen_text(app))
+        assert app.runtime.incidents.rows["inc-1"].state == "open"
+
+
+@pytest.mark.parametrize("read_only, role", [(True, "operator"), (False, "viewer")])
+async def test_read_only_has_no_changing_action_at_all(read_only: bool, role: str) -> None:
+    fleet = RecordingFleet()
+    app = make_app(read_only=read_only, role=role, fleet=fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        assert app.runtime.read_only
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        await pilot.press("a", "s", "x")
+        await pilot.pause()
+        assert isinstance(app.screen, IncidentsScreen)  # no dialog opened
+        assert app.runtime.incidents.rows["inc-1"].state == "open"
+        footer = screen_text(app).splitlines()[-1]
+        assert "Acknowledge" not in footer and "Silence" not in footer
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen))
+        assert not {"Acknowledge", "Silence", "Act (run plan)"} & set(dict(app.screen.rows).values())
+        await pilot.press("escape")
+        app.open_node("node01")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        await pilot.press("i", "c")
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen) and fleet.actions == []
+        assert "READ-ONLY" in screen_text(app)
+        with pytest.raises(PermissionError):
+            app.runtime.acknowledge("inc-1", "sneaky")
+
+
+async def test_logs_search_fans_out_shows_progress_and_merges_by_time() -> None:
+    lines = [LogLine(node=Text(n), source=Text("trainer"), line=Text(f"NCCL timeout rank {i}"), line_ts=T0 - 10 + i)
+             for i, n in enumerate(["node02", "node01"])]
+    fleet = RecordingFleet(lines)
+    app = make_app(fleet=fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("logs")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        await pilot.press("slash", *"nccl since:1h", "ctrl+s")
+        await wait_for(pilot, lambda: "1/2 agents answered" in screen_text(app))
+        fleet.release.set()
+        await wait_for(pilot, lambda: "2/2 agents answered" in screen_text(app))
+        table = app.screen.query_one("#logs-table", TextTable)
+        assert [row[1][0] for row in table.rows] == ["node02", "node01"]
+
+
+async def test_logs_view_filters_events_and_explains_a_bad_query() -> None:
+    app = make_app()
+    store = app.runtime.store
+    store.apply(Event(node=Text("node04"), kind=Text("xid"), severity=Text("critical"), gpu=2, code=79,
+                      message=Text("fell off the bus"), ts=T0))
+    store.apply(Event(node=Text("node05"), kind=Text("thermal"), severity=Text("warning"), ts=T0))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("logs")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        assert len(app.screen.query_one("#logs-table", TextTable).rows) == 2
+        await pilot.press("slash", *"sev:error", "enter")
+        await wait_for(pilot, lambda: [r[1][0] for r in app.screen.query_one("#logs-table", TextTable).rows]
+                       == ["node04"])
+        await pilot.press("slash", *" node:node[", "enter")
+        await wait_for(pilot, lambda: "node set" in screen_text(app))
+
+
+async def test_training_view_plots_loss_and_marks_the_straggler() -> None:
+    app = make_app()
+    store = app.runtime.store
+    for step in range(1, 60):
+        store.apply(make_sample("node01", step, trainer=make_trainer(step, ranks=4, straggler=2)))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("training")
+        await wait_for(pilot, lambda: shown(app, TrainingScreen))
+        text = screen_text(app)
+        assert "llama-8b" in text and "straggler" in text and "tokens/s 123,456" in text
+        assert any("\u2800" < ch <= "\u28ff" for ch in text)  # the loss curve is drawn in braille
+        rows = app.screen.query_one("#rank-table", TextTable).rows
+        assert [r[3][0] for r in rows] == ["", "", "straggler", ""]
+
+
+async def test_training_view_says_when_no_trainer_is_attached() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("training")
+        await wait_for(pilot, lambda: shown(app, TrainingScreen))
+        assert "no trainer attached" in screen_text(app)
+
+
+async def test_hostile_node_text_is_shown_literally_and_never_reaches_the_terminal_as_escapes() -> None:
+    from agents.protocol import decode_agent_frame, encode
+
+    evil_name = EVIL + "\x1b]52;c;aGk=\x07"
+    app = make_app([])
+    store = app.runtime.store
+    frames = [
+        make_hello(evil_name, gpus=2, gpu_name="[blink]GPU[/blink]\x1b[5m"),
+        make_sample(evil_name, 1, gpus=2),
+        Event(node=Text(evil_name), kind=Text("[red]xid"), severity=Text("[bold]critical"),
+              message=Text("[link=file:///etc/passwd]x[/link]\x1b[2J"), ts=T0),
+        LogLine(node=Text(evil_name), source=Text("[i]src"), line=Text("\x1b[31m[on red]boom[/on red]\x9b2J")),
+    ]
+    for frame in frames:
+        store.apply(decode_agent_frame(encode(frame)))
+    (name,) = [n.name for n in store.nodes.values()]
+    assert name.startswith(EVIL) and "\x1b" not in name
+    store.set_link(name, "down", error="[bold]refused[/bold] \x1b[?1049l")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        text = screen_text(app)
+        assert EVIL[:14] in text  # clipped to the column, but literal
+        (row,) = app.screen.query_one("#node-table", TextTable).rows
+        assert row[12][0] == "[bold]refused[/bold] [?1049l"
+        raw = terminal_bytes(app)
+        assert "\x1b]52" not in raw and "\x07" not in raw and "\x1b[2J" not in raw
+        app.open_node(name)
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        text = screen_text(app)
+        assert "[blink]GPU[/blin" in text and "[link=file:///etc/passwd]x[/link]" in text
+        assert "[on red]boom[/on red]" in text
+        assert "\x1b[5m" not in terminal_bytes(app)
+        app.show_view("logs")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        assert "[link=file:///etc/passwd]x[/link]" in screen_text(app)
+
+
+async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
+    app = make_app(["node01", "node02"])
+    store = app.runtime.store
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        store.clock.advance(30)
+        store.apply(make_sample("node02", 40))
+        store.set_link("node01", "down", error="node01:8022: connection refused (is the agent running?)")
+        app.tick()
+        await pilot.pause()
+        rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).rows}
+        dead = rows["node01"]
+        assert dead[1][0] == "down" and dead[4][0] != "N/A" and dead[11][0] == "30s"
+        assert "connection refused" in dead[12][0]
+        assert "1/2 nodes connected" in screen_text(app)
+        assert "oldest data 30s" in screen_text(app)

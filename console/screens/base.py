@@ -45,8 +45,24 @@ class ViewScreen(Screen[None]):
     def compose_view(self) -> ComposeResult:
         yield from ()
 
+    _ready = False
+
     def on_mount(self) -> None:
+        # Widgets nested in containers mount after the screen does: draw once they are all there.
+        self.call_after_refresh(self._first_draw)
+
+    def _first_draw(self) -> None:
+        self._ready = True
+        self.prepare()
         self.tick()
+
+    @property
+    def ready(self) -> bool:
+        """True once the view has drawn itself from the store."""
+        return self._ready
+
+    def prepare(self) -> None:
+        """Subclasses focus a widget or subscribe here, once their widgets exist."""
 
     def on_screen_resume(self) -> None:
         self.tick()
@@ -57,6 +73,8 @@ class ViewScreen(Screen[None]):
 
     def tick(self) -> None:
         """Redraw from the store: the view, then the status bar."""
+        if not self._ready:
+            return  # pushed but not composed yet; its on_mount draws it
         self.refresh_view()
         incidents = self.gw.open_incident_count()
         self.query_one(StatusBar).show(self.store.summary(), self.runtime.read_only, incidents, self.gw.note)

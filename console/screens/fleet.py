@@ -97,10 +97,9 @@ class FleetScreen(ViewScreen):
                             id="fleet-filter")
                 yield TextTable(NODE_COLUMNS, id="node-table")
 
-    def on_mount(self) -> None:
+    def prepare(self) -> None:
         self.query_one("#fleet-filter", Input).display = False
         self.query_one("#node-table", TextTable).focus()
-        super().on_mount()
 
     def refresh_view(self) -> None:
         rows = self.store.node_rows(self.sort_key, self.reverse, self.filter_text)

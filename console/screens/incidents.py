@@ -89,9 +89,8 @@ class IncidentsScreen(ViewScreen):
         yield TextTable(INCIDENT_COLUMNS, id="incident-table")
         yield Static(id="incident-detail")
 
-    def on_mount(self) -> None:
+    def prepare(self) -> None:
         self.query_one("#incident-table", TextTable).focus()
-        super().on_mount()
 
     def refresh_view(self) -> None:
         self.set_title(("gridwatch", "bold"), "  incidents")

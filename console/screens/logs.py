@@ -58,9 +58,8 @@ class LogsScreen(ViewScreen):
         yield Static(id="logs-info")
         yield TextTable(LOG_COLUMNS, id="logs-table")
 
-    def on_mount(self) -> None:
+    def prepare(self) -> None:
         self.query_one("#logs-table", TextTable).focus()
-        super().on_mount()
 
     def refresh_view(self) -> None:
         entries = self.search_results if self.search_results is not None else self.store.log_entries(self.log_query)

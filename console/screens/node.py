@@ -141,10 +141,9 @@ class NodeScreen(ViewScreen):
         yield Static(Text("live log", style="bold"), classes="pane-title")
         yield TextTable(LOG_COLUMNS, id="node-log")
 
-    def on_mount(self) -> None:
+    def prepare(self) -> None:
         self.runtime.subscribe_logs(self.node_name, True)
         self.query_one("#gpu-table", TextTable).focus()
-        super().on_mount()
 
     def on_unmount(self) -> None:
         self.runtime.subscribe_logs(self.node_name, False)
