@@ -44,10 +44,10 @@ class PreflightOptions:
     net_sample_s: float = 0.5
     comm_port: int = 29499
     comm_size_bytes: int = 1 << 20
-    comm_iters: int = 5
+    comm_iters: int = 10
     comm_timeout_s: float = 60.0
     mesh_max_nodes: int = 4  # full-mesh pairs up to this many nodes (the seeds' 2-4 node test)
-    slow_pair_fraction: float = 0.5  # a pair under this share of the fastest pair is slow
+    slow_pair_fraction: float = 0.3  # a pair under this share of the fastest pair is slow (a degraded link is several times slower; jitter is not)
     min_busbw_gbps: float = 0.0
     connect_timeout: float = 10.0
     action_timeout: float = 120.0

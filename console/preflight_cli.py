@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--no-comm", action="store_true", help="skip the all-reduce test")
     ap.add_argument("--comm-port", type=int, default=29499, metavar="PORT", help="rendezvous port on the first node (default 29499)")
     ap.add_argument("--comm-mb", type=float, default=1.0, metavar="MB", help="all-reduce tensor size (default 1 MB)")
+    ap.add_argument("--slow-pair", type=float, default=0.3, metavar="FRACTION", help="a pair under this share of the fastest pair fails (default 0.3)")
     ap.add_argument("--min-busbw", type=float, default=0.0, metavar="GBPS", help="a pair under this bus bandwidth fails")
     ap.add_argument("--checkpoint-gb", type=float, default=0.0, metavar="GB", help="free space each checkpoint path needs")
     ap.add_argument("--write-test-mb", type=float, default=16.0, metavar="MB", help="size of the write test (0: none)")
@@ -52,6 +53,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
     for flag in ("comm_mb", "checkpoint_gb", "write_test_mb", "min_write_mbps", "min_busbw", "max_clock_offset"):
         if getattr(args, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must not be negative")
+    if not 0 <= args.slow_pair <= 1:
+        raise ValueError(f"--slow-pair must be between 0 and 1, got {args.slow_pair}")
     if not 0 < args.comm_port < 65536:
         raise ValueError(f"--comm-port must be a TCP port, got {args.comm_port}")
     if args.timeout <= 0:
@@ -67,6 +70,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         comm_port=args.comm_port,
         comm_size_bytes=max(int(args.comm_mb * 1e6), 4),
         min_busbw_gbps=args.min_busbw,
+        slow_pair_fraction=args.slow_pair,
         action_timeout=args.timeout,
     )
     if args.baseline:

@@ -3,7 +3,8 @@
 Run as ``python -m trainer.allreduce --master-addr A --master-port P --rank R --world N``
 on every node (the agent's pre-flight starts it); each rank prints one JSON line
 with what it measured. Bus bandwidth follows nccl-tests: for an all-reduce of
-``S`` bytes over ``n`` ranks in ``t`` seconds it is ``S / t * 2 (n - 1) / n``.
+``S`` bytes over ``n`` ranks in ``t`` seconds it is ``S / t * 2 (n - 1) / n``,
+with ``t`` the fastest of ``--iters`` rounds.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def run(
         dist.all_reduce(tensor, group=group)  # warm-up: connection set-up is not bandwidth
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        best = float("inf")
+        # The fastest round, not the mean: a busy CPU only ever slows a round down,
+        # while a bad link is slow every round.
         for _ in range(iters):
+            t0 = time.perf_counter()
             dist.all_reduce(tensor, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return bus_bandwidth_gbps(numel * 4, ranks, (time.perf_counter() - t0) / iters)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return bus_bandwidth_gbps(numel * 4, ranks, best)
 
     try:
         dist.init_process_group(
