@@ -8,6 +8,7 @@ manifest are on disk, so a reader sees a complete checkpoint or none.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -96,8 +97,26 @@ def _publish(tmp: Path, final: Path) -> Path:
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], directory: Path) -> None:
-    """Write ``tensors`` with torch.distributed.checkpoint, this process alone (no collective)."""
-    dcp.save(tensors, checkpoint_id=str(directory), no_dist=True)
+    """Write ``tensors`` with torch.distributed.checkpoint, this process alone (no collective).
+
+    DCP reports a failed write as a ``CheckpointException`` (not an
+    ``Exception``) wrapping the cause; it is turned into an ``OSError`` here,
+    ENOSPC when the device is full, so callers meet one ordinary error type.
+    """
+    try:
+        dcp.save(tensors, checkpoint_id=str(directory), no_dist=True)
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        causes = list(getattr(exc, "failures", {}).values()) or [exc]
+        for cause in causes:
+            if isinstance(cause, OSError):
+                raise cause from None
+        need = sum(t.numel() * t.element_size() for t in tensors.values())
+        if shutil.disk_usage(directory).free < need:
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory)) from None
+        first = str(causes[0]).strip().splitlines()
+        raise OSError(errno.EIO, f"checkpoint write failed: {first[0] if first else type(causes[0]).__name__}") from None
 
 
 def write_checkpoint(root: Path, tensors: dict[str, torch.Tensor], manifest: Manifest) -> Path:

@@ -106,7 +106,7 @@ class TieredCheckpointer:
             try:
                 if job.step >= 0:
                     self._write(job)
-            except Exception as exc:  # the writer must outlive any one failed save
+            except BaseException as exc:  # the writer must outlive any one failed save
                 self._log.exception("checkpoint writer: {}", exc)
             finally:
                 if job.buffers is not None:
@@ -136,7 +136,7 @@ class TieredCheckpointer:
                 else:
                     assert job.buffers is not None
                     path = write_checkpoint(root, job.buffers, msgspec.structs.replace(job.manifest, tier=tier))
-            except Exception as exc:
+            except BaseException as exc:  # DCP raises CheckpointException, a BaseException
                 reason = _one_line(exc)
                 self._log.warning(
                     "tier {} checkpoint at step {} failed: {}; earlier checkpoints are kept", tier, job.step, reason
