@@ -12,7 +12,7 @@ from textual.widgets import Input, Static
 from console.state import SORT_KEYS, Metric, NodeRow, NodeStatus
 from console.screens.base import ViewScreen
 from console.widgets import Column, GpuHeatmap, TextTable, format_age, format_rate
-from console.widgets.heatmap import LEGEND
+from console.widgets.heatmap import LEGEND, cell_style
 from console.widgets.text_table import Cell
 
 NODE_COLUMNS = [
@@ -109,7 +109,11 @@ class FleetScreen(ViewScreen):
         only = {r.name for r in rows} if self.filter_text else None
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
-        self.query_one("#heatmap-legend", Static).update(Text(f"colour: {self.metric}   {LEGEND}"))
+        legend = Text(f"colour: {self.metric} (m to change)  cold ")
+        for value in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+            legend.append("█", style=cell_style(value))
+        legend.append(" hot\n" + LEGEND)
+        self.query_one("#heatmap-legend", Static).update(legend)
         shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
         self.set_title(("gridwatch", "bold"), "  nodes", shown)
 

@@ -83,7 +83,7 @@ class TrainingScreen(ViewScreen):
         yield Static(id="training-head")
         with Horizontal(id="training-body"):
             with Vertical(id="loss-pane"):
-                yield Static(Text("loss", style="bold"), classes="pane-title")
+                yield Static(Text("loss", style="bold"), classes="pane-title", id="loss-title")
                 yield BraillePlot(id="loss-plot")
             with Vertical(id="ranks-pane"):
                 yield Static(Text("step time per rank", style="bold"), classes="pane-title")
@@ -102,6 +102,9 @@ class TrainingScreen(ViewScreen):
             return
         head.update(training_text(summary))
         self.query_one("#loss-plot", BraillePlot).set_points([(float(s), v) for s, v in summary.loss])
+        if summary.loss:
+            first, last = summary.loss[0][0], summary.loss[-1][0]
+            self.query_one("#loss-title", Static).update(Text(f"loss, steps {first} to {last}", style="bold"))
         rows, keys = rank_cells(summary)
         self.query_one("#rank-table", TextTable).set_rows(rows, keys)
         self.query_one("#checkpoints", Static).update(checkpoint_text(summary))

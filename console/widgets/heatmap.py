@@ -30,7 +30,7 @@ _MARKS = {
 }
 _ISOLATED = ("i", Style(color="cyan", bold=True))
 _MISMATCH = ("!", Style(color="magenta", bold=True))
-LEGEND = "marks: × down  ~ stale  i isolated  ! stack differs  ? N/A   scale: cold ▁ … █ hot"
+LEGEND = "marks: × down  ~ stale  i isolated  ! stack differs  ? N/A"
 
 
 def cell_style(value: float) -> Style:

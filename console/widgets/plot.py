@@ -27,11 +27,13 @@ def braille_rows(points: list[tuple[float, float]], width: int, height: int) -> 
     for x, y in finite:
         px = 0 if x1 == x0 else int((x - x0) / (x1 - x0) * (dots_w - 1))
         py = dots_h // 2 if y1 == y0 else int((y1 - y) / (y1 - y0) * (dots_h - 1))
-        # Join consecutive points vertically so a steep drop reads as a line, not dust.
-        near = prev is not None and px - prev[0] <= 1
-        span = range(min(prev[1], py), max(prev[1], py) + 1) if near and prev else [py]
-        for dy in span:
-            grid[dy // 4][px // 2] |= _DOTS[dy % 4][px % 2]
+        # Draw the segment from the previous point, so a steep drop reads as a line, not dust.
+        ax, ay = prev if prev is not None else (px, py)
+        steps = max(abs(px - ax), abs(py - ay), 1)
+        for k in range(steps + 1):
+            dx = ax + (px - ax) * k // steps
+            dy = ay + (py - ay) * k // steps
+            grid[dy // 4][dx // 2] |= _DOTS[dy % 4][dx % 2]
         prev = (px, py)
     rows = ["".join(chr(0x2800 + bits) if bits else " " for bits in row) for row in grid]
     return rows, y0, y1

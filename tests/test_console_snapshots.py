@@ -1,0 +1,115 @@
+"""The main screens pinned as SVG snapshots, drawn from fixed data and a frozen clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agents.protocol import Event, LogLine, Text
+from console.app import GridwatchApp
+from tests.test_console_app import make_app, shown, wait_for
+from tests.test_state import T0, make_sample, make_trainer
+
+SIZE = (160, 50)
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Clock times on screen are local time: pin the zone so the snapshots match anywhere.
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+
+
+def fleet_app() -> GridwatchApp:
+    app = make_app([f"node{i:03d}" for i in range(1, 41)])
+    store = app.runtime.store
+    store.set_link("node007", "down", error="node007:8022: connection refused (is the agent running?)")
+    store.apply(make_sample("node011", 9, isolated=True))
+    store.apply(make_sample("node013", 9, state="lost"))
+    store.apply(Event(node=Text("node021"), kind=Text("xid"), severity=Text("critical"), gpu=4, code=79,
+                      message=Text("GPU has fallen off the bus"), ts=T0))
+    store.apply(make_sample("node021", 9, temp=88.0))
+    store.apply(LogLine(node=Text("node021"), source=Text("/var/log/trainer.log"), line=Text("step 1200 loss 2.31"),
+                        line_ts=T0))
+    for step in range(1, 80):
+        store.apply(make_sample("node001", 3, trainer=make_trainer(step, ranks=8, straggler=5)))
+    store.clock.advance(5)  # everything not fed since is stale
+    for i in range(1, 41):
+        if i not in (7, 9):
+            store.apply(make_sample(f"node{i:03d}", 4, trainer=make_trainer(79, 8, 5) if i == 1 else None,
+                                    isolated=i == 11, state="lost" if i == 13 else "ok",
+                                    temp=88.0 if i == 21 else 60.0))
+    return app
+
+
+async def _view(pilot, name: str, screen_type: type) -> None:  # noqa: ANN001
+    pilot.app.show_view(name)
+    await wait_for(pilot, lambda: shown(pilot.app, screen_type))
+
+
+def test_fleet_view(snap_compare) -> None:
+    from console.screens import FleetScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_fleet_view_sorted_by_status_with_temperature_colours(snap_compare) -> None:
+    from console.screens import FleetScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))
+        await pilot.press("s", "m", "m")
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_node_view(snap_compare) -> None:
+    from console.screens import NodeScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        pilot.app.open_node("node021")
+        await wait_for(pilot, lambda: shown(pilot.app, NodeScreen))
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_logs_view(snap_compare) -> None:
+    from console.screens import LogsScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await _view(pilot, "logs", LogsScreen)
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_training_view(snap_compare) -> None:
+    from console.screens import TrainingScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await _view(pilot, "training", TrainingScreen)
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_incidents_view(snap_compare) -> None:
+    from console.screens import IncidentsScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await _view(pilot, "incidents", IncidentsScreen)
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+
+
+def test_keys_help(snap_compare) -> None:
+    from console.screens import FleetScreen, KeysScreen
+
+    async def ready(pilot) -> None:  # noqa: ANN001
+        await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, KeysScreen))
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
