@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--dir", metavar="DIR", help="keep keys, logs, checkpoints and incidents here (default: a temporary directory)")
     demo.add_argument("--train-arg", action="append", default=[], metavar="ARG",
                       help="extra argument for `gridwatch train` (repeatable), e.g. --train-arg=--dim=64")
+    demo.add_argument("--skip-playbook", action="append", default=[], metavar="NAME",
+                      help="leave a shipped playbook out (repeatable); e.g. straggler-persistent on a box whose "
+                      "CPUs the workers share, where every rank looks slow now and then")
     demo.set_defaults(func=_demo)
 
     fault = sub.add_parser(
@@ -81,6 +84,7 @@ def _demo(args: argparse.Namespace) -> int:
         cluster=ClusterOptions(nodes=args.nodes, gpus=args.gpus, interval=args.interval, trainer=not args.no_trainer,
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
+        skip_playbooks=tuple(args.skip_playbook),
     )
     _quiet_logs(args.dir)
     try:

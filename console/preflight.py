@@ -378,19 +378,26 @@ async def _wait_connected(fleet: Any, timeout: float) -> None:
     from console.fleet import LinkState
 
     changed = asyncio.Event()
-    fleet.on_status = lambda link: changed.set()
+    previous = fleet.on_status
+
+    def on_status(link: Any) -> None:
+        previous(link)
+        changed.set()
+
+    fleet.on_status = on_status
     deadline = time.monotonic() + timeout
-    while True:
-        if all(l.state == LinkState.CONNECTED or l.state in (LinkState.DOWN, LinkState.REFUSED) for l in fleet.links.values()):
-            return
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        changed.clear()
-        try:
-            await asyncio.wait_for(changed.wait(), left)
-        except TimeoutError:
-            return
+    try:
+        while not all(l.state in (LinkState.CONNECTED, LinkState.STALE, LinkState.DOWN, LinkState.REFUSED) for l in fleet.links.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                return
+    finally:
+        fleet.on_status = previous
 
 
 async def _probe_clock(fleet: Any, name: str) -> tuple[float | None, float | None]:
@@ -423,7 +430,7 @@ async def _check_node(fleet: Any, link: Any, options: PreflightOptions) -> NodeR
     from console.fleet import LinkState
 
     node = NodeReport(name=link.name, endpoint=str(link.endpoint))
-    if link.state != LinkState.CONNECTED:
+    if link.state not in (LinkState.CONNECTED, LinkState.STALE):
         node.reachable = False
         node.error = link.last_error or f"{link.endpoint}: not reachable"
         return node
@@ -464,33 +471,26 @@ async def _run_comm(fleet: Any, report: PreflightReport, options: PreflightOptio
     return judge_comm(report, ranks, list(results), options)
 
 
-async def run_preflight_async(endpoints: list[Endpoint], key: str, known_hosts: str, options: PreflightOptions | None = None) -> PreflightReport:
-    """Pre-flight every endpoint through its agent; raises RuntimeError if the key cannot be read."""
-    from console.fleet import Fleet, FleetOptions
-
+async def preflight_fleet(fleet: Any, options: PreflightOptions | None = None) -> PreflightReport:
+    """Pre-flight over a started :class:`console.fleet.Fleet` (the console's own links); leaves it running."""
     options = options or PreflightOptions()
     report = PreflightReport(baseline=options.baseline_name, started_at=time.time())
-    fleet = Fleet(endpoints, FleetOptions(key_path=key, known_hosts=known_hosts, connect_timeout=options.connect_timeout))
-    await fleet.start()
-    try:
-        await _wait_connected(fleet, options.connect_timeout + 1.0)
-        total, done = len(fleet.links), 0
+    await _wait_connected(fleet, options.connect_timeout + 1.0)
+    total, done = len(fleet.links), 0
 
-        async def one(link: Any) -> NodeReport:
-            nonlocal done
-            node = await _check_node(fleet, link, options)
-            done += 1
-            if options.on_progress is not None:
-                options.on_progress(done, total)
-            return node
+    async def one(link: Any) -> NodeReport:
+        nonlocal done
+        node = await _check_node(fleet, link, options)
+        done += 1
+        if options.on_progress is not None:
+            options.on_progress(done, total)
+        return node
 
-        report.nodes = list(await asyncio.gather(*(one(link) for link in fleet.links.values())))
-        judge_stacks(report, options.baseline)
-        judge_clocks(report, options.max_clock_offset_s)
-        if options.comm:
-            report.comm = await _run_comm(fleet, report, options)
-    finally:
-        await fleet.stop()
+    report.nodes = list(await asyncio.gather(*(one(link) for link in fleet.links.values())))
+    judge_stacks(report, options.baseline)
+    judge_clocks(report, options.max_clock_offset_s)
+    if options.comm:
+        report.comm = await _run_comm(fleet, report, options)
     for node in report.nodes:
         log = logger.bind(node=node.name)
         if node.ok:
@@ -498,6 +498,19 @@ async def run_preflight_async(endpoints: list[Endpoint], key: str, known_hosts: 
         else:
             log.warning("preflight failed: {}", " | ".join(node.reasons))
     return report
+
+
+async def run_preflight_async(endpoints: list[Endpoint], key: str, known_hosts: str, options: PreflightOptions | None = None) -> PreflightReport:
+    """Connect to every endpoint, pre-flight them, disconnect; RuntimeError if the key cannot be read."""
+    from console.fleet import Fleet, FleetOptions
+
+    options = options or PreflightOptions()
+    fleet = Fleet(endpoints, FleetOptions(key_path=key, known_hosts=known_hosts, connect_timeout=options.connect_timeout))
+    await fleet.start()
+    try:
+        return await preflight_fleet(fleet, options)
+    finally:
+        await fleet.stop()
 
 
 def run_preflight(endpoints: list[Endpoint], key: str, known_hosts: str, options: PreflightOptions | None = None) -> PreflightReport:

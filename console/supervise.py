@@ -14,6 +14,7 @@ from playbooks.executor import Executor
 from playbooks.plans import Plan
 
 ActionCallback = Callable[[str, str, ActionResult], None]
+ArgsHook = Callable[[str, str, dict[str, Any]], dict[str, Any]]
 PlanCallback = Callable[[Plan], None]
 
 
@@ -27,12 +28,16 @@ class Acting(Protocol):
 class FleetSink:
     """The executor's ActionSink over the fleet: each playbook step becomes an operator action on an agent."""
 
-    def __init__(self, fleet: Acting, on_action: ActionCallback | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, fleet: Acting, on_action: ActionCallback | None = None, timeout: float = 30.0,
+                 args_hook: ArgsHook | None = None) -> None:
         self.fleet = fleet
         self.on_action = on_action
         self.timeout = timeout
+        self.args_hook = args_hook
 
     async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        if self.args_hook is not None:
+            args = self.args_hook(node, action, args)
         result = await self.fleet.action(node, action, args, reason, timeout=self.timeout)
         if self.on_action is not None:
             self.on_action(node, action, result)

@@ -39,11 +39,11 @@ def test_summary_times_detection_and_recovery_from_the_fault() -> None:
     faults = [FaultRecord(node="node-2", kind="xid", code=79, at=100.0)]
     incidents = [IncidentFacts(id="inc-1", node="node-2", kind="xid", playbook="xid-hardware", detected_at=101.5,
                                actions=["capture_scene", "isolate_node"], acted_until=104.0)]
-    pts = points((99, 5), (100, 6), (103, 7), (110, 5), (112, 6), (113, 7))
+    pts = points((99, 5), (100, 6), (103, 7), (110, 5), (111, 6), (112, 7), (113, 8))
     summary = summarize(faults, incidents, pts, started=90.0, end=120.0)
     row = summary.incidents[0]
-    assert (row.detected_s, row.recovered_s, row.fault) == (1.5, 12.0, "xid 79")
-    assert summary.faults_detected == 1 and summary.steps == 7 and summary.steps_lost == 3
+    assert (row.detected_s, row.recovered_s, row.fault) == (1.5, 13.0, "xid 79")
+    assert summary.faults_detected == 1 and summary.steps == 8 and summary.steps_lost == 3
 
 
 def test_an_incident_on_another_node_is_not_the_answer_to_a_fault() -> None:

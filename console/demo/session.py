@@ -32,6 +32,7 @@ class DemoOptions:
     repair_after: float = 40.0  # chaos: a node taken out comes back after this long
     seed: int | None = None
     tick_interval: float = 0.5
+    skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
 
 
 class DemoSession:
@@ -85,9 +86,12 @@ class DemoSession:
                                                    backoff_max=2.0),
                            on_frame=self._on_frame, on_status=self._on_status)
         self.store = IncidentStore(self.dir / "incidents.db")
-        playbooks = load_builtin()
+        playbooks = tuple(pb for pb in load_builtin() if pb.name not in self.options.skip_playbooks)
+        unknown = set(self.options.skip_playbooks) - {pb.name for pb in load_builtin()}
+        if unknown:
+            raise RuntimeError(f"no shipped playbook named {', '.join(sorted(unknown))}")
         self.engine = Engine(playbooks, SystemClock())
-        executor = Executor(self.store, FleetSink(self.fleet, on_action=self._on_action), who="playbook")
+        executor = Executor(self.store, FleetSink(self.fleet, on_action=self._on_action, args_hook=self._checkpoint_step), who="playbook")
         self.supervisor = Supervisor(self.engine, executor, on_plan=self._on_plan,
                                      tick_interval=self.options.tick_interval)
         self._progress(f"{len(playbooks)} playbooks active; incidents and audit in {self.dir / 'incidents.db'}")
@@ -147,6 +151,18 @@ class DemoSession:
 
     def _on_action(self, node: str, action: str, result: p.ActionResult) -> None:
         self.say(f"{self._stamp()}   {action} on {node}: {'ok' if result.ok else 'FAILED'} {result.message}")
+
+    def _checkpoint_step(self, node: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Name the checkpoint step for restart_from: the trainer wants a step, a playbook says "newest"."""
+        if action != "restart_from" or "step" in args:
+            return args
+        status = self.trainer_status.get(node)
+        steps = sorted(set(status.checkpoints.values())) if status is not None else []
+        if args.get("checkpoint") == "before" and args.get("before_step") is not None:
+            steps = [s for s in steps if s < int(args["before_step"])]
+        if steps:
+            args = {**args, "step": steps[-1]}
+        return args
 
     def _record_fault(self, fault: FaultRecord) -> None:
         for known in self.faults:

@@ -93,12 +93,21 @@ def goodput(points: list[StepPoint], end: float) -> float | None:
     return max(0.0, min(1.0, productive / wall))
 
 
+# Training counts as resumed once it has gained this many steps after the plan ended.
+RESUMED_AFTER_STEPS = 3
+
+
 def _first_progress(points: list[StepPoint], after: float) -> float | None:
-    previous: int | None = None
+    """When training had gained RESUMED_AFTER_STEPS steps in a row after ``after``."""
+    base: int | None = None
     for point in points:
-        if point.at > after and previous is not None and point.step > previous:
+        if point.at <= after:
+            continue
+        if base is None or point.step <= base:
+            base = point.step  # the first step seen, or a restart: count again from here
+            continue
+        if point.step - base >= RESUMED_AFTER_STEPS:
             return point.at
-        previous = point.step
     return None
 
 
