@@ -63,6 +63,9 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, agent.stop)
         except (NotImplementedError, RuntimeError):
             pass
+    from agents.patrol import start_patrol
+
+    start_patrol(agent)  # None when patrol_interval is 0
     if ready is not None:
         ready.set()
     try:
