@@ -187,6 +187,54 @@ class LogRecord:
     line: LogLine
 
 
+@dataclass(slots=True)
+class GpuAggregate:
+    """A node's GPUs summed up for its table row; made once per sample, not once per tick."""
+
+    gpus: int = 0
+    bad: int = 0
+    util: float | None = None
+    temp_max: float | None = None
+    power_w: float | None = None
+    mem_pct: float | None = None
+    rx_bps: float | None = None
+    tx_bps: float | None = None
+    step_time_s: float | None = None
+
+
+def aggregate(sample: Sample, xids: Counter[int]) -> GpuAggregate:
+    """Mean utilization, hottest GPU, total power and memory, NIC totals, failing GPUs."""
+    agg = GpuAggregate()
+    util_sum = 0.0
+    util_n = 0
+    temp = power = None
+    used = total = 0.0
+    for gpu in sample.gpus:
+        agg.gpus += 1
+        if gpu_health(gpu, xids.get(gpu.index, 0)) >= 1.0:
+            agg.bad += 1
+        if gpu.util is not None:
+            util_sum += gpu.util
+            util_n += 1
+        if gpu.temp_c is not None and (temp is None or gpu.temp_c > temp):
+            temp = gpu.temp_c
+        if gpu.power_w is not None:
+            power = (power or 0.0) + gpu.power_w
+        if gpu.mem_used_mb is not None and gpu.mem_total_mb:
+            used += gpu.mem_used_mb
+            total += gpu.mem_total_mb
+    agg.util = util_sum / util_n if util_n else None
+    agg.temp_max, agg.power_w = temp, power
+    agg.mem_pct = 100.0 * used / total if total else None
+    nics = sample.host.nics
+    if nics:
+        agg.rx_bps = sum(n.rx_bps for n in nics)
+        agg.tx_bps = sum(n.tx_bps for n in nics)
+    if sample.trainer is not None:
+        agg.step_time_s = sample.trainer.step_time_s
+    return agg
+
+
 @dataclass
 class NodeState:
     """Everything the console knows about one node; mutated only by :class:`StateStore`."""
@@ -210,6 +258,7 @@ class NodeState:
     events: deque[EventRecord] = field(default_factory=lambda: deque(maxlen=NODE_EVENTS))
     logs: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=NODE_LOG_LINES))
     logs_subscribed: bool = False
+    agg: GpuAggregate | None = None  # of ``sample``; None until needed again
 
     @property
     def stack_hash(self) -> str:
@@ -285,15 +334,34 @@ class FleetSummary:
     problems: int
 
 
-@dataclass(slots=True)
 class HeatmapNode:
-    """One node's cells for the heatmap: a 0..1 value per GPU (None = N/A)."""
+    """One node's cells for the heatmap: a 0..1 value per GPU (None = N/A), computed when first drawn.
 
-    name: str
-    status: NodeStatus
-    isolated: bool
-    mismatch: bool
-    values: list[float | None]
+    Only the lines on screen are drawn, so most nodes' values are never computed.
+    """
+
+    __slots__ = ("name", "status", "isolated", "mismatch", "gpus", "_node", "_metric", "_values")
+
+    def __init__(self, node: NodeState, status: NodeStatus, mismatch: bool, metric: Metric) -> None:
+        self.name = node.name
+        self.status = status
+        self.isolated = node.isolated
+        self.mismatch = mismatch
+        sample = node.sample
+        self.gpus = len(sample.gpus) if sample is not None else (len(node.hello.gpus) if node.hello else 0)
+        self._node = node
+        self._metric = metric
+        self._values: list[float | None] | None = None
+
+    @property
+    def values(self) -> list[float | None]:
+        if self._values is None:
+            node = self._node
+            if node.sample is not None:
+                self._values = [gpu_metric(g, self._metric, node.xids.get(g.index, 0)) for g in node.sample.gpus]
+            else:
+                self._values = [None] * self.gpus
+        return self._values
 
 
 @dataclass(slots=True)
@@ -485,6 +553,8 @@ class StateStore:
 
     def _apply_sample(self, node: NodeState, sample: Sample, now: float) -> None:
         node.sample = sample
+        # Summed here, O(frame), so the UI tick only reads it.
+        node.agg = aggregate(sample, node.xids)
         node.last_sample_at = now
         node.isolated = sample.isolated
         history = node.gpu_history
@@ -514,6 +584,7 @@ class StateStore:
         self.events.append(record)
         if event.kind == "xid" and event.gpu is not None:
             node.xids[event.gpu] += 1
+            node.agg = None
         if event.kind == "isolated":
             node.isolated = True
         elif event.kind == "unisolated":
@@ -583,54 +654,27 @@ class StateStore:
         return FleetSummary(connected, len(self.nodes), oldest, gpus, problems)
 
     def node_row(self, node: NodeState, now: float) -> NodeRow:
-        sample = node.sample
-        util = temp = power = mem = rx = tx = step = None
-        ngpu = bad = 0
-        if sample is not None:
-            utils: list[float] = []
-            temps: list[float] = []
-            powers: list[float] = []
-            used = total = 0.0
-            for gpu in sample.gpus:
-                ngpu += 1
-                if gpu_health(gpu, node.xids.get(gpu.index, 0)) >= 1.0:
-                    bad += 1
-                if gpu.util is not None:
-                    utils.append(gpu.util)
-                if gpu.temp_c is not None:
-                    temps.append(gpu.temp_c)
-                if gpu.power_w is not None:
-                    powers.append(gpu.power_w)
-                if gpu.mem_used_mb is not None and gpu.mem_total_mb:
-                    used += gpu.mem_used_mb
-                    total += gpu.mem_total_mb
-            util = sum(utils) / len(utils) if utils else None
-            temp = max(temps) if temps else None
-            power = sum(powers) if powers else None
-            mem = 100.0 * used / total if total else None
-            nics = sample.host.nics
-            if nics:
-                rx = sum(n.rx_bps for n in nics)
-                tx = sum(n.tx_bps for n in nics)
-            if sample.trainer is not None:
-                step = sample.trainer.step_time_s
-        elif node.hello is not None:
-            ngpu = len(node.hello.gpus)
+        if node.sample is not None:
+            if node.agg is None:
+                node.agg = aggregate(node.sample, node.xids)
+            agg = node.agg
+        else:
+            agg = GpuAggregate(gpus=len(node.hello.gpus) if node.hello else 0)
         return NodeRow(
             name=node.name,
             status=self.status(node, now),
             isolated=node.isolated,
             mismatch=self.stack_mismatch(node),
-            gpus=ngpu,
-            gpu_bad=bad,
-            util=util,
-            temp_max=temp,
-            power_w=power,
-            mem_pct=mem,
-            rx_bps=rx,
-            tx_bps=tx,
-            step_time_s=step,
-            age_s=self.age(node, now),
+            gpus=agg.gpus,
+            gpu_bad=agg.bad,
+            util=agg.util,
+            temp_max=agg.temp_max,
+            power_w=agg.power_w,
+            mem_pct=agg.mem_pct,
+            rx_bps=agg.rx_bps,
+            tx_bps=agg.tx_bps,
+            step_time_s=agg.step_time_s,
+            age_s=None if node.last_frame_at is None else max(now - node.last_frame_at, 0.0),
             error=node.link_error or node.last_error,
         )
 
@@ -657,11 +701,7 @@ class StateStore:
         for node in self.nodes.values():
             if only is not None and node.name not in only:
                 continue
-            if node.sample is not None:
-                values = [gpu_metric(g, metric, node.xids.get(g.index, 0)) for g in node.sample.gpus]
-            else:
-                values = [None] * (len(node.hello.gpus) if node.hello else 0)
-            out.append(HeatmapNode(node.name, self.status(node, now), node.isolated, self.stack_mismatch(node), values))
+            out.append(HeatmapNode(node, self.status(node, now), self.stack_mismatch(node), metric))
         return out
 
     def training(self) -> TrainingSummary | None:

@@ -272,7 +272,7 @@ async def test_logs_search_fans_out_shows_progress_and_merges_by_time() -> None:
         fleet.release.set()
         await wait_for(pilot, lambda: "2/2 agents answered" in screen_text(app))
         table = app.screen.query_one("#logs-table", TextTable)
-        assert [row[1][0] for row in table.rows] == ["node02", "node01"]
+        assert [row[1][0] for row in table.row_cells()] == ["node02", "node01"]
 
 
 async def test_logs_view_filters_events_and_explains_a_bad_query() -> None:
@@ -287,7 +287,7 @@ async def test_logs_view_filters_events_and_explains_a_bad_query() -> None:
         await wait_for(pilot, lambda: shown(app, LogsScreen))
         assert len(app.screen.query_one("#logs-table", TextTable).rows) == 2
         await pilot.press("slash", *"sev:error", "enter")
-        await wait_for(pilot, lambda: [r[1][0] for r in app.screen.query_one("#logs-table", TextTable).rows]
+        await wait_for(pilot, lambda: [r[1][0] for r in app.screen.query_one("#logs-table", TextTable).row_cells()]
                        == ["node04"])
         await pilot.press("slash", *" node:node[", "enter")
         await wait_for(pilot, lambda: "node set" in screen_text(app))
@@ -305,7 +305,7 @@ async def test_training_view_plots_loss_and_marks_the_straggler() -> None:
         text = screen_text(app)
         assert "llama-8b" in text and "straggler" in text and "tokens/s 123,456" in text
         assert any("\u2800" < ch <= "\u28ff" for ch in text)  # the loss curve is drawn in braille
-        rows = app.screen.query_one("#rank-table", TextTable).rows
+        rows = app.screen.query_one("#rank-table", TextTable).row_cells()
         assert [r[3][0] for r in rows] == ["", "", "straggler", ""]
 
 
@@ -340,7 +340,7 @@ async def test_hostile_node_text_is_shown_literally_and_never_reaches_the_termin
         await wait_for(pilot, lambda: shown(app, FleetScreen))
         text = screen_text(app)
         assert EVIL[:14] in text  # clipped to the column, but literal
-        (row,) = app.screen.query_one("#node-table", TextTable).rows
+        (row,) = app.screen.query_one("#node-table", TextTable).row_cells()
         assert row[12][0] == "[bold]refused[/bold] [?1049l"
         raw = terminal_bytes(app)
         assert "\x1b]52" not in raw and "\x07" not in raw and "\x1b[2J" not in raw
@@ -365,7 +365,7 @@ async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
         store.set_link("node01", "down", error="node01:8022: connection refused (is the agent running?)")
         app.tick()
         await pilot.pause()
-        rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).rows}
+        rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).row_cells()}
         dead = rows["node01"]
         assert dead[1][0] == "down" and dead[4][0] != "N/A" and dead[11][0] == "30s"
         assert "connection refused" in dead[12][0]

@@ -105,7 +105,7 @@ class FleetScreen(ViewScreen):
         rows = self.store.node_rows(self.sort_key, self.reverse, self.filter_text)
         table = self.query_one("#node-table", TextTable)
         table.sort_key, table.sort_reverse = self.sort_key, self.reverse
-        table.set_rows([node_cells(r) for r in rows], [r.name for r in rows])
+        table.set_rows(rows, [r.name for r in rows], node_cells)
         only = {r.name for r in rows} if self.filter_text else None
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)

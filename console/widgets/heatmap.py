@@ -81,7 +81,7 @@ class GpuHeatmap(ScrollView, can_focus=True):
         """Replace the cells (once a tick) and redraw the visible lines."""
         self.nodes = nodes
         self.highlight = highlight
-        self._cells_per_node = max((len(n.values) for n in nodes), default=8) or 1
+        self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
         self._layout()
         self.refresh()
 
@@ -121,21 +121,42 @@ class GpuHeatmap(ScrollView, can_focus=True):
         label_style = base + self.get_component_rich_style("gpu-heatmap--label")
         hi = self.get_component_rich_style("gpu-heatmap--highlight")
         segments = [Segment(fit(chunk[0].name, LABEL_WIDTH - 1) + " ", label_style)]
+        # Runs of cells with one style become one segment: fewer objects per line to compose.
+        run: list[str] = []
+        run_style: Style | None = None
+
+        def put(glyph: str, style: Style) -> None:
+            nonlocal run_style
+            if style is not run_style and run:
+                segments.append(Segment("".join(run), run_style))
+                run.clear()
+            run_style = style
+            run.append(glyph)
+
+        styles: dict[int, Style] = {}
+
+        def combined(style: Style, extra: Style | None) -> Style:
+            key = id(style) if extra is None else -id(style)
+            found = styles.get(key)
+            if found is None:
+                found = styles[key] = base + style + extra if extra else base + style
+            return found
+
         for node in chunk:
             mark, mark_style = node_mark(node)
-            segments.append(Segment(mark, base + mark_style if mark_style else base))
+            put(mark, combined(mark_style, None) if mark_style else base)
             down = node.status in (NodeStatus.DOWN, NodeStatus.REFUSED)
             stale = node.status is NodeStatus.STALE
             extra = hi if node.name == self.highlight else None
-            cells = node.values + [None] * (self._cells_per_node - len(node.values))
-            for value in cells:
+            values = node.values
+            for i in range(self._cells_per_node):
+                value = values[i] if i < len(values) else None
                 if value is None:
                     glyph, style = ("·" if down else "?"), (_DOWN if down else _NA)
                 else:
                     # A stale node keeps its last colours, shaded so it reads as old.
-                    glyph, style = ("▒" if stale else "█"), cell_style(value)
-                    if down:
-                        style = _DOWN
-                style = base + style
-                segments.append(Segment(glyph, style + extra if extra else style))
+                    glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value))
+                put(glyph, combined(style, extra))
+        if run:
+            segments.append(Segment("".join(run), run_style))
         return Strip(segments).crop_extend(0, width, base)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Callable, Literal, Sequence
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -95,24 +95,45 @@ class TextTable(ScrollView, can_focus=True):
                  classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.columns = columns
-        self.rows: list[list[Cell]] = []
+        self.rows: Sequence[Any] = []
         self.keys: list[str] = []
+        self._format: Callable[[Any], list[Cell]] | None = None
+        self._formatted: dict[int, list[Cell]] = {}
         self.sort_key: str | None = None
         self.sort_reverse = False
 
     # ----------------------------------------------------------------- data
 
-    def set_rows(self, rows: list[list[Cell]], keys: list[str]) -> None:
-        """Replace every row; the cursor stays on the same key when that row is still there."""
+    def set_rows(self, rows: Sequence[Any], keys: list[str], formatter: Callable[[Any], list[Cell]] | None = None) -> None:
+        """Replace every row; the cursor stays on the same key when that row is still there.
+
+        With ``formatter``, rows are any objects and only the rows drawn are
+        formatted into cells: at 1,250 rows and 60 on screen, 95 % are never formatted.
+        """
         current = self.cursor_key
         self.rows = rows
         self.keys = keys
+        self._format = formatter
+        self._formatted = {}
         self.virtual_size = Size(sum(c.width + 1 for c in self.columns), len(rows) + 1)
         if current is not None and current in keys:
             self.set_reactive(TextTable.cursor, keys.index(current))
         else:
             self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
         self.refresh()
+
+    def cells(self, index: int) -> list[Cell]:
+        """Row ``index`` as the cells it is drawn with."""
+        if self._format is None:
+            return self.rows[index]
+        cells = self._formatted.get(index)
+        if cells is None:
+            cells = self._formatted[index] = self._format(self.rows[index])
+        return cells
+
+    def row_cells(self) -> list[list[Cell]]:
+        """Every row's cells (formats them all: for tests and exports, not for drawing)."""
+        return [self.cells(i) for i in range(len(self.rows))]
 
     @property
     def cursor_key(self) -> str | None:
@@ -196,7 +217,7 @@ class TextTable(ScrollView, can_focus=True):
                 return Strip.blank(width, base)
             row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
             segments = []
-            for col, (text, style) in zip(self.columns, self.rows[index]):
+            for col, (text, style) in zip(self.columns, self.cells(index)):
                 cell_style = base + style if style else base
                 if row_style is not None:
                     cell_style = cell_style + row_style
