@@ -13,6 +13,7 @@ from pathlib import Path
 class StepPoint:
     at: float  # when rank 0 finished the step (its "time"), else when the demo read the line
     step: int
+    world: int | None = None  # how many nodes trained that step
 
 
 @dataclass
@@ -58,7 +59,8 @@ class TrainingWatch:
                 continue  # a line cut short by a kill, or a format we do not know: not progress
             if at <= last_at and "time" in record:
                 continue  # kept from before a rewrite: already seen
-            new.append(StepPoint(at, step))
+            world = record.get("world_size")
+            new.append(StepPoint(at, step, int(world) if isinstance(world, int) else None))
             last_at = max(last_at, at)
         self.points.extend(new)
         return new

@@ -69,7 +69,7 @@ class ViewScreen(Screen[None]):
 
     def set_title(self, *parts: str | tuple[str, str]) -> None:
         """Set the title line from plain strings and (text, style) pairs: node text is never markup."""
-        self.query_one("#view-title", Static).update(Text.assemble(*parts))
+        self.query_one("#view-title", Static).update(Text.assemble(*parts), layout=False)
 
     def tick(self) -> None:
         """Redraw from the store: the view, then the status bar."""

@@ -113,7 +113,7 @@ class FleetScreen(ViewScreen):
         for value in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
             legend.append("█", style=cell_style(value))
         legend.append(" hot\n" + LEGEND)
-        self.query_one("#heatmap-legend", Static).update(legend)
+        self.query_one("#heatmap-legend", Static).update(legend, layout=False)
         shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
         self.set_title(("gridwatch", "bold"), "  nodes", shown)
 

@@ -79,7 +79,7 @@ class LogsScreen(ViewScreen):
             info.append(f"live: {len(entries)} events and streamed lines", style="bold")
             if self.progress:
                 info.append("  " + self.progress)
-        self.query_one("#logs-info", Static).update(info)
+        self.query_one("#logs-info", Static).update(info, layout=False)
         self.set_title(("gridwatch", "bold"), "  logs", f"  {self.query_text}" if self.query_text else "")
 
     def _parse(self) -> bool:

@@ -51,4 +51,5 @@ class StatusBar(Static):
         if note:
             text.append("  ")
             text.append(note, style="italic")
-        self.update(text)
+        # One line, fixed height: no layout pass for the whole screen on every tick.
+        self.update(text, layout=False)

@@ -1,0 +1,99 @@
+"""The closed loop end to end: a fault on a GPU, the console detects it, the playbook acts, training goes on.
+
+Real agent processes on loopback, the real trainer (torch, gloo), real SSH,
+the shipped playbooks and a real SQLite incident store. straggler-persistent
+is left out: three CPU workers time-slice two cores here, so every rank looks
+slow now and then and that incident would stand in front of the one tested.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from console.demo.chaos import FaultSpec
+from console.demo.cluster import ClusterOptions, trainer_unavailable
+from console.demo.session import DemoOptions, DemoSession
+from tests.conftest import wait_until
+
+TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
+
+
+def _session(tmp_path: Path, trainer: bool) -> DemoSession:
+    return DemoSession(DemoOptions(
+        cluster=ClusterOptions(nodes=3, gpus=2, interval=0.5, trainer=trainer, trainer_args=TINY_TRAINER),
+        directory=str(tmp_path / "demo"), skip_playbooks=("straggler-persistent",), tick_interval=0.25,
+    ))
+
+
+def _incidents(session: DemoSession, playbook: str) -> list:
+    return [i for i in session.store.incidents() if i.playbook == playbook]
+
+
+def _out(session: DemoSession) -> set[str]:
+    return {n.name for n in session.engine.nodes.values() if n.out}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(trainer_unavailable() is not None, reason="the trainer is not in this build")
+async def test_application_xid_isolates_nothing_and_hardware_xid_moves_training_off_the_node(tmp_path: Path) -> None:
+    session = _session(tmp_path, trainer=True)
+    try:
+        await session.start()
+        await session.attach()
+        await session.wait_connected(30)
+        await wait_until(lambda: (session.watch.last_step or 0) >= 15, 90, "training to reach step 15")
+
+        # XID 13 is the program's fault, not the GPU's: notify only.
+        assert (await session.inject("node-1", FaultSpec("xid", 13), gpu=1)).ok
+        await wait_until(lambda: _incidents(session, "xid-application"), 10, "the XID 13 incident")
+        app = _incidents(session, "xid-application")[0]
+        await wait_until(lambda: all(s.state == "done" for s in session.store.steps(app.id)), 10, "its notify")
+        assert [s.step for s in session.store.steps(app.id)] == ["notify"]
+        assert _out(session) == set()
+
+        # XID 79 on node-2: scene kept, node-2 out, training resumed on node-1 and node-3.
+        assert (await session.inject("node-2", FaultSpec("xid", 79), gpu=0)).ok
+        await wait_until(lambda: _incidents(session, "xid-hardware"), 10, "the XID 79 incident")
+        inc = _incidents(session, "xid-hardware")[0]
+        assert inc.node == "node-2" and inc.detected_at - session.faults[-1].at < 3.0
+        await wait_until(lambda: all(s.state not in ("planned", "running") for s in session.store.steps(inc.id)),
+                         60, "the plan to finish")
+        steps = {s.step: s for s in session.store.steps(inc.id)}
+        for name in ("capture_scene", "isolate_node", "restart_from_checkpoint"):
+            assert steps[name].state == "done", f"{name}: {steps[name].state} {steps[name].outcome}"
+        assert "node-2" not in steps["restart_from_checkpoint"].planned.nodes
+        scenes = list((tmp_path / "demo" / "scenes" / "node-2").glob("*/frames.jsonl"))
+        assert scenes and scenes[0].stat().st_size > 0
+        audit = session.store.audit_log(inc.id)
+        for name in ("capture_scene", "isolate_node", "restart_from_checkpoint"):
+            phases = [a.phase for a in audit if a.what.startswith(name)]
+            assert phases == ["before", "after"], (name, phases)
+        assert _out(session) == {"node-2"}
+
+        await wait_until(lambda: session.summary().incidents and any(
+            r.recovered_s is not None for r in session.summary().incidents if r.id == inc.id), 90, "training to resume")
+        # Rank 0 reports the world it trained with: the two nodes left.
+        await wait_until(lambda: session.watch.points[-1].world == 2, 30, "steps trained by the two remaining nodes")
+    finally:
+        await session.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_killed_agent_gets_its_node_taken_out(tmp_path: Path) -> None:
+    session = _session(tmp_path, trainer=False)
+    try:
+        await session.start()
+        await session.attach()
+        await session.wait_connected(30)
+        assert (await session.inject("node-3", FaultSpec("agent-kill"))).ok
+        await wait_until(lambda: _incidents(session, "heartbeat-lost"), 30, "the heartbeat-lost incident")
+        inc = _incidents(session, "heartbeat-lost")[0]
+        assert inc.node == "node-3"
+        await wait_until(lambda: any(s.step == "isolate_node" and s.state in ("done", "failed")
+                                     for s in session.store.steps(inc.id)), 30, "the isolate step")
+        assert _out(session) == {"node-3"}
+        assert any(a.what.startswith("isolate_node") and a.phase == "before" for a in session.store.audit_log(inc.id))
+    finally:
+        await session.close()
