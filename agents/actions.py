@@ -89,7 +89,7 @@ async def clear_faults(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
 async def isolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if agent.isolated:
         return _result(action, True, "already isolated")
-    agent.isolated = True
+    agent.set_isolated(True)
     agent.event("isolated", f"node isolated by {caller.username}: {action.reason}", severity="warning")
     left = ""
     if agent.trainer is not None:
@@ -101,7 +101,7 @@ async def isolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionRes
 async def unisolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if not agent.isolated:
         return _result(action, True, "was not isolated")
-    agent.isolated = False
+    agent.set_isolated(False)
     agent.event("unisolated", f"node returned to service by {caller.username}: {action.reason}", severity="info")
     return _result(action, True, "returned to service")
 

@@ -8,11 +8,13 @@ and each client's writer reads from the ring at its own pace.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 from loguru import logger
@@ -92,7 +94,7 @@ class Agent:
         self.clock = clock
         self.ring = FrameRing(config.ring_frames)
         self.clients: set[ClientStream] = set()
-        self.isolated = False
+        self.isolated = self._load_isolated()
         self.net_cut = False  # injected fault: the agent stays up but says nothing
         self.dropped_frames = 0
         self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []  # type: ignore[attr-defined]
@@ -105,6 +107,33 @@ class Agent:
         from agents.actions import HANDLERS  # late: actions import this module
 
         self.actions.update(HANDLERS)
+
+    # ------------------------------------------------------------------ state
+
+    def _load_isolated(self) -> bool:
+        if not self.config.state_file:
+            return False
+        try:
+            return bool(json.loads(Path(self.config.state_file).read_text()).get("isolated", False))
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, AttributeError) as exc:
+            logger.warning("state file {} unreadable ({}); starting not isolated", self.config.state_file, exc)
+            return False
+
+    def set_isolated(self, value: bool) -> None:
+        """Isolation survives an agent restart: a node taken out stays out until returned."""
+        self.isolated = value
+        if not self.config.state_file:
+            return
+        path = Path(self.config.state_file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"isolated": value}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.log.error("could not persist isolation to {}: {}", path, exc.strerror or exc)
 
     # ----------------------------------------------------------------- frames
 

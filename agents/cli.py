@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--sim-seed", type=int, help="seed of the simulated GPUs (default 0)")
     ap.add_argument("--trainer-socket", metavar="PATH", help="the local trainer's control socket")
     ap.add_argument("--scene-dir", metavar="DIR", help="where capture_scene keeps incident bundles")
+    ap.add_argument("--state-file", metavar="PATH", help="keep the node's isolation here, across agent restarts")
     ap.add_argument("--patrol-interval", type=float, metavar="S", help="repeat the cheap pre-flight checks every S seconds (0: off)")
     ap.add_argument("--log-level", default="INFO", help="agent log level (default INFO)")
     ap.set_defaults(func=_run)

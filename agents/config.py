@@ -29,6 +29,7 @@ class AgentConfig:
     trainer_socket: str | None = None
     ring_frames: int = 3600  # about an hour of samples at 1 Hz plus events
     scene_dir: str = "/var/lib/gridwatch/scenes"
+    state_file: str | None = None  # keeps "isolated" across agent restarts when set
     patrol_interval: float = 0.0  # 0: no patrol
     nics: list[str] = field(default_factory=list)
     checkpoint_paths: list[str] = field(default_factory=list)

@@ -240,3 +240,22 @@ async def test_killed_agent_goes_down_and_comes_back(keys, tmp_path):
         await fleet.stop()
         proc.kill()
         proc.wait()
+
+
+async def test_isolation_survives_an_agent_restart(keys, tmp_path):
+    state = str(tmp_path / "state.json")
+    ra = await start_agent(keys, state_file=state)
+    fleet, frames = make_fleet(ra, keys)
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected, what="connection")
+        assert (await fleet.action("node-1", "isolate", reason="bad gpu")).ok
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+    again = await start_agent(keys, state_file=state)
+    try:
+        assert again.agent.isolated
+        assert p.decode_agent_frame(again.agent.hello("operator")).isolated
+    finally:
+        await stop_agent(again)
