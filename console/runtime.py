@@ -132,6 +132,9 @@ class StoreIncidents:
 
     def acknowledge(self, incident_id: str, who: str, why: str) -> None:
         self.store.acknowledge(incident_id, who)
+        if why:
+            # The store's acknowledge records no reason; the operator's goes in beside it.
+            self.store.audit(who, "note", why, incident=incident_id, phase="operator")
 
     def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
         self.store.silence(incident_id, who, until, why)

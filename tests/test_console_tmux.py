@@ -13,9 +13,10 @@ import pytest
 from console.app import GridwatchApp
 from console.hostlist import parse_endpoints
 from console.runtime import RuntimeOptions, build_runtime
-from console.screens import NodeScreen
+from console.screens import FleetScreen, NodeScreen
 from console.widgets import GpuHeatmap, TextTable
 from tests.conftest import ROOT, start_agent, stop_agent, wait_until
+from tests.test_console_app import shown
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,7 @@ async def test_the_app_shows_live_agents_and_their_gpus(keys, tmp_path) -> None:
                                  str(keys.known_hosts), db_path=str(tmp_path / "incidents.db"))
         app = GridwatchApp(build_runtime(options), tick_seconds=0.1)
         async with app.run_test(size=(160, 50)) as pilot:
+            await wait_until(lambda: shown(app, FleetScreen), 15, "the fleet view")
             table = app.screen.query_one("#node-table", TextTable)
             await wait_until(lambda: sorted(table.keys) == ["gpu-node-1", "gpu-node-2"], 15, "both nodes listed")
             heatmap = app.screen.query_one(GpuHeatmap)
@@ -99,3 +101,32 @@ async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         for a in agents:
             await stop_agent(a)
+
+
+async def test_headless_console_reports_nodes_and_stops(keys, tmp_path) -> None:
+    agent = await start_agent(keys, name="headless-node", gpus=1)
+    out = tmp_path / "headless.out"
+    try:
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "console", "console", "--headless", "--duration", "30",
+                 "--nodes", agent.spec, "--key", str(keys.viewer_key), "--known-hosts", str(keys.known_hosts),
+                 "--db", str(tmp_path / "incidents.db")],
+                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+            try:
+                await wait_until(lambda: "node headless-node ok" in out.read_text(), 20, "the node reported ok")
+                await wait_until(lambda: "summary 1/1 nodes connected" in out.read_text(), 20, "a summary line")
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    finally:
+        await stop_agent(agent)
+
+
+def test_bad_node_set_is_one_clear_line_and_exit_2(tmp_path) -> None:
+    key = tmp_path / "k"
+    key.write_text("x")
+    done = subprocess.run([sys.executable, "-m", "console", "console", "--nodes", "node[1-", "--key", str(key),
+                           "--known-hosts", str(key)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "unbalanced" in done.stderr and "Traceback" not in done.stderr
