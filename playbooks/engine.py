@@ -3,9 +3,12 @@
 The console calls :meth:`Engine.observe` for every frame and :meth:`Engine.tick`
 on a timer; replay does the same on a simulated clock. Many symptoms of one
 fault make one incident: symptoms on the same scope merge, a node-fault on a
-node that already has one merges, and a job-wide symptom (an NCCL timeout
-storm) waits ``settle`` seconds, then attaches to the node fault that caused
-it, or picks the one node that stayed silent, or escalates.
+node that already has one at least as severe merges, and a job-wide symptom (an
+NCCL timeout storm) waits ``settle`` seconds, then attaches to a node fault at
+least as severe, or picks the one node that stayed silent, or escalates. A
+more severe node fault takes over a milder open incident on its node (a
+straggler waiting for an operator): the milder one is closed as merged and the
+new incident lists it in ``supersedes``, so the executor stops its plan.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from playbooks.model import (
     LogTrigger,
     MetricTrigger,
     Playbook,
+    severity_rank,
 )
 from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 
@@ -322,6 +326,7 @@ class Engine:
 
     def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
         target = symptom.node
+        superseded: Incident | None = None
         if pb.target.startswith("detail:"):
             target = symptom.details.get(pb.target.split(":", 1)[1]) or symptom.node
             if target not in self.nodes:
@@ -335,10 +340,14 @@ class Engine:
                     self._merge(cause, symptom, now, "")
                 return []
             if cause is not None and cause.playbook != pb.name:
-                self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
-                return []
+                if severity_rank(cause.severity) >= severity_rank(pb.severity):
+                    self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
+                    return []
+                # A worse fault on the node: its own plan must run, and the
+                # milder incident (maybe still waiting for an operator) ends here.
+                superseded = cause
         if pb.target == "cause":
-            cause = self._newest_node_fault(now, pb.dedup_window)
+            cause = self._newest_node_fault(now, pb.dedup_window, pb.severity)
             if cause is not None:
                 self._merge(cause, symptom, now, f"symptom {pb.name} from {symptom.node} attributed to this fault")
                 return []
@@ -361,15 +370,35 @@ class Engine:
         self._open[(pb.name, key)] = incident
         self._by_id[incident.id] = incident
         logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
+        if superseded is not None:
+            self._supersede(superseded, incident, now)
         if pb.settle:
             self._pending[incident.id] = now + pb.settle
             return []
         plan = self._plan(incident, now)
         return [plan] if plan else []
 
-    def _newest_node_fault(self, now: float, lookback: float) -> Incident | None:
+    def _supersede(self, old: Incident, new: Incident, now: float) -> None:
+        """``new`` (a more severe fault on the same node) takes over ``old`` and its symptoms."""
+        self._pending.pop(old.id, None)
+        new.symptoms += old.symptoms
+        new.reporters = sorted(set(new.reporters) | set(old.reporters))
+        new.supersedes.append(old.id)
+        new.notes.append(f"{now:.3f} took over {old.id} ({old.severity} {old.playbook}): a more severe fault")
+        old.merged_into = new.id
+        old.state = "merged"
+        key = next(k for k, v in self._open.items() if v is old)
+        self._close(key, old, now, f"superseded by {new.id} ({new.severity} {new.playbook}); its plan stops here")
+
+    def _newest_node_fault(self, now: float, lookback: float, at_least: str) -> Incident | None:
+        """The newest node fault that can explain a job-wide symptom of severity ``at_least``.
+
+        A milder incident (a straggler waiting for an operator) never swallows a
+        worse symptom: the symptom's own plan finds its cause instead.
+        """
         faults = [i for i in self._open.values()
                   if i.state in ("open", "pending") and now - i.opened_at <= lookback
+                  and severity_rank(i.severity) >= severity_rank(at_least)
                   and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
         return max(faults, key=lambda i: i.opened_at) if faults else None
 
@@ -390,7 +419,7 @@ class Engine:
         incident.state = "open"
         escalate_all = ""
         if pb.target == "cause":
-            cause = self._newest_node_fault(now, pb.dedup_window + pb.settle)
+            cause = self._newest_node_fault(now, pb.dedup_window + pb.settle, pb.severity)
             if cause is not None and cause.id != incident.id:
                 cause.symptoms += incident.symptoms
                 cause.last_seen_at = now

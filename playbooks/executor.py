@@ -15,7 +15,9 @@ Idempotence: steps are keyed by ``<incident>/<index>`` in the store. A step
 recorded as finished is never run again; one found ``running`` (the console
 stopped mid-step) is marked ``interrupted`` and not repeated, since it may have
 acted. A step that needs confirmation holds the rest of its plan until
-:meth:`Executor.confirm` or :meth:`Executor.decline`.
+:meth:`Executor.confirm` or :meth:`Executor.decline`. An incident a more severe
+one took over (``Incident.supersedes``) is resolved and its unrun steps skipped,
+so confirming its old plan later does nothing.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Executor:
     async def run(self, plan: Plan) -> list[StepRecord]:
         """Record the plan and run what has not run yet, in order; returns every step's record."""
         self.store.save_plan(plan)
+        for old in plan.incident.supersedes:
+            self._stand_down(old, plan.incident)
         return await self._continue(plan.incident.id)
 
     async def resume(self) -> list[str]:
@@ -115,6 +119,16 @@ class Executor:
         return self.store.steps(record.incident)
 
     # -------------------------------------------------------------- internals
+
+    def _stand_down(self, incident_id: str, by: Incident) -> None:
+        """A more severe incident took over this one: what it has not run (or waits to confirm) never runs."""
+        if self.store.incident(incident_id) is None:
+            return
+        why = f"superseded by {by.id} ({by.severity} {by.playbook})"
+        for record in self.store.steps(incident_id):
+            if record.state not in STEP_DONE_STATES and record.state != "running":
+                self.store.set_step(record.id, "skipped", why)
+        self.store.resolve(incident_id, self.who, why)
 
     def _awaiting(self, step_id: str) -> StepRecord:
         record = self.store.step(step_id)

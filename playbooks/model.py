@@ -10,7 +10,13 @@ from playbooks.metrics import MetricCondition
 
 Scope = Literal["gpu", "node", "job"]
 SCOPES: tuple[str, ...] = ("gpu", "node", "job")
-SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
+SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")  # mildest first
+
+
+def severity_rank(severity: str) -> int:
+    """Higher is worse; an unknown severity ranks below every known one."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
+
 
 # Steps a plan may hold, in the operator's words. The executor maps each to an
 # agent action (agents.protocol.ACTIONS), a scheduler command or a notification.

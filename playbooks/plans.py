@@ -30,6 +30,7 @@ class Incident(msgspec.Struct, kw_only=True):
     reporters: list[str] = []  # nodes that reported a symptom of it
     state: str = "open"  # pending (gathering symptoms) | open | merged | closed
     merged_into: str | None = None
+    supersedes: list[str] = []  # milder incidents on the same node this one took over; their plans stop
     recovered_at: float | None = None
     closed_at: float | None = None
     notes: list[str] = []  # what the engine decided about it, in order

@@ -252,3 +252,22 @@ async def test_wait_for_polls_until_the_condition_holds_or_times_out(tmp_path: P
     records = await executor2.run(_plan(text2))
     assert [r.state for r in records] == ["done", "failed", "skipped"]
     assert records[1].outcome == "timed out after 0.02s"
+
+
+async def test_a_superseded_plan_stands_down_and_cannot_be_confirmed(tmp_path: Path) -> None:
+    from playbooks.loader import load_builtin
+    from playbooks.replay import replay
+
+    trace = Path(__file__).parent / "traces" / "straggler_then_xid79.jsonl"
+    straggler, hardware = replay(trace.open("rb"), load_builtin()).plans
+    sink = FakeSink()
+    executor, store, _, _ = _executor(tmp_path, sink)
+    waiting = [r for r in await executor.run(straggler) if r.state == "awaiting_confirmation"]
+    assert [r.step for r in waiting] == ["isolate_node"]
+    records = await executor.run(hardware)
+    assert [r.state for r in records] == ["done"] * 5
+    assert [r.state for r in store.steps(straggler.incident.id)] == ["done", "done", "skipped", "skipped"]
+    assert store.incident(straggler.incident.id).state == "resolved"
+    with pytest.raises(ValueError, match="not waiting for confirmation"):
+        await executor.confirm(waiting[0].id, "alice")
+    assert [(n, a) for n, a, _ in sink.calls].count(("node4", "isolate")) == 1

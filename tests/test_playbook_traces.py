@@ -105,3 +105,26 @@ def test_replay_with_a_custom_playbook_dir(tmp_path: Path, capsys: pytest.Captur
                  "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["playbook"], r["step"], r["target"]) for r in rows] == [("any-xid", "notify", "node2")]
+
+
+def test_a_hardware_xid_takes_over_a_straggler_waiting_for_confirmation() -> None:
+    result = _replay(TRACES / "straggler_then_xid79.jsonl")
+    straggler, hardware = result.plans
+    assert straggler.incident.playbook == "straggler-persistent"
+    assert [s.decision for s in straggler.steps if s.step == "isolate_node"] == ["needs_confirmation"]
+    isolate = next(s for s in hardware.steps if s.step == "isolate_node")
+    assert (hardware.incident.playbook, isolate.target, isolate.decision) == ("xid-hardware", "node4", "act")
+    assert hardware.incident.supersedes == [straggler.incident.id]
+    assert straggler.incident.state == "merged" and straggler.incident.merged_into == hardware.incident.id
+
+
+def test_a_milder_fault_still_merges_into_a_hardware_incident() -> None:
+    lines = (TRACES / "straggler_then_xid79.jsonl").read_text().splitlines()
+    # The XID first, then the stragglers: the straggler reports join the hardware incident.
+    xid = [line for line in lines if '"xid"' in line]
+    hello = [line for line in lines if '"hello"' in line]
+    rest = [line for line in lines if line not in xid and line not in hello]
+    early = [line.replace('"ts":1700000302', '"ts":1700000005') for line in xid]
+    result = replay([*hello, *early, *rest], load_builtin())
+    assert [p.incident.playbook for p in result.plans] == ["xid-hardware"]
+    assert result.plans[0].incident.symptoms > 2
