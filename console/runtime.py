@@ -156,6 +156,35 @@ class ExecutorActor:
         return f"confirmed {waiting[0].step}; {done} of {len(records)} steps done"
 
 
+class StoreProbe:
+    """Answers the executor's ``wait_for`` conditions from the console's state store."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._checkpoint_base: dict[str, int] = {}
+
+    def holds(self, condition: str, node: str) -> bool:
+        state = self.store.by_name(node)
+        if condition == "heartbeat":
+            return state is not None and str(self.store.status(state)) == "ok"
+        if condition == "isolated":
+            return state is not None and state.isolated
+        trainer = state.trainer if state is not None else None
+        if trainer is None:
+            summary = self.store.training()  # "job" or a node without a trainer: the run as a whole
+            trainer = summary.status if summary else None
+        if trainer is None:
+            return False
+        if condition == "training":
+            return str(trainer.phase) == "training"
+        if condition == "checkpoint":
+            # A checkpoint newer than the one there was when the wait began.
+            newest = max(trainer.checkpoints.values(), default=-1)
+            base = self._checkpoint_base.setdefault(node, newest)
+            return newest > base
+        return False
+
+
 # --------------------------------------------------------------------------- runtime
 
 
@@ -177,7 +206,11 @@ class FleetLike(Protocol):
 
 
 class Engine(Protocol):
-    """The playbook engine (``playbooks.engine.Engine``): frames and time in, plans out."""
+    """The playbook engine (``playbooks.engine.Engine``): frames and time in, plans out.
+
+    An object with ``feed(node, frame)`` instead (``console.supervise.Supervisor``,
+    which ticks the engine and runs plans itself) is accepted too.
+    """
 
     def observe(self, source: str, frame: Frame) -> list[Any]: ...
 
@@ -223,6 +256,10 @@ class ConsoleRuntime:
         self.store.apply(frame, key)
         if self.engine is not None:
             try:
+                feed = getattr(self.engine, "feed", None)
+                if feed is not None:
+                    feed(key, frame)
+                    return
                 plans = self.engine.observe(key, frame)
             except Exception:  # noqa: BLE001 - one bad frame must not stop the stream
                 logger.bind(node=key).exception("playbook engine failed on a frame")
@@ -231,8 +268,8 @@ class ConsoleRuntime:
 
     def tick_engine(self) -> None:
         """Time-based rules (heartbeat lost, ``for:`` windows); the app and the headless loop call it each tick."""
-        if self.engine is None:
-            return
+        if self.engine is None or hasattr(self.engine, "feed"):
+            return  # a supervisor ticks its engine itself
         try:
             plans = self.engine.tick(self.store.clock.now())
         except Exception:  # noqa: BLE001 - the console keeps going; the log says why
@@ -277,6 +314,20 @@ class ConsoleRuntime:
     async def start(self) -> None:
         if self.fleet is not None:
             await self.fleet.start()
+        resume = getattr(self.executor, "resume", None)
+        if resume is not None and not self.read_only_flag:
+            # Plans a previous console left half-done carry on (steps already run are not repeated).
+            task = asyncio.get_running_loop().create_task(self._resume(resume))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _resume(self, resume: Callable[[], Any]) -> None:
+        try:
+            resumed = await resume()
+            if resumed:
+                logger.info("resumed {} unfinished plans", len(resumed))
+        except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+            logger.exception("resuming unfinished plans failed")
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -383,7 +434,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
         raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
     runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=PlaybookEngine(playbooks, clock),
                              plan_store=incident_store, read_only=options.read_only, operator=options.operator)
-    executor = Executor(incident_store, runtime, clock=clock, who=options.operator)
+    executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store))
     runtime.executor = executor
     runtime.actor = ExecutorActor(executor, incident_store)
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,

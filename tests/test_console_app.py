@@ -371,3 +371,17 @@ async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
         assert "connection refused" in dead[12][0]
         assert "1/2 nodes connected" in screen_text(app)
         assert "oldest data 30s" in screen_text(app)
+
+
+async def test_the_command_palette_opens_views() -> None:
+    from textual.command import CommandPalette
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press(*"Incidents")
+        await wait_for(pilot, lambda: app.screen.query("CommandList").first().option_count > 0)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))

@@ -65,3 +65,20 @@ async def test_an_xid_becomes_an_incident_that_survives_a_restart_and_is_acknowl
         assert detail is not None and any(a.who == "alice" and a.what == "acknowledge" for a in detail.audit)
         assert any(a.why == "replacing the GPU" for a in detail.audit)
         await wait_for(pilot, lambda: "alice" in screen_text(app))  # the audit trail on screen
+
+
+def test_the_executor_probe_reads_heartbeat_isolation_and_checkpoints_from_the_store() -> None:
+    from console.runtime import StoreProbe
+    from tests.test_state import make_trainer
+
+    clock = ManualClock(T0)
+    store = StateStore(clock)
+    store.apply(make_hello("n1"))
+    store.apply(make_sample("n1", 1, trainer=make_trainer(10)))
+    probe = StoreProbe(store)
+    assert probe.holds("heartbeat", "n1") and probe.holds("training", "n1")
+    assert not probe.holds("isolated", "n1") and not probe.holds("checkpoint", "n1")
+    store.apply(make_sample("n1", 2, trainer=make_trainer(20), isolated=True))
+    assert probe.holds("isolated", "n1") and probe.holds("checkpoint", "n1")
+    clock.advance(10)
+    assert not probe.holds("heartbeat", "n1")
