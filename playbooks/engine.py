@@ -70,6 +70,12 @@ class _Symptom:
     details: dict[str, str] = field(default_factory=dict)
 
 
+def _share(seen: deque[tuple[float, str]]) -> float:
+    """Of the numbered marks (training steps) from the lowest to the highest, the fraction reported."""
+    steps = [int(m) for _, m in seen if m.isdigit()]
+    return len(steps) / (max(steps) - min(steps) + 1) if steps else 1.0
+
+
 class Engine:
     """Matches playbooks against what nodes report and plans what to do."""
 
@@ -82,7 +88,7 @@ class Engine:
         self._pending: dict[str, float] = {}  # incident id -> when to plan it
         self._by_id: dict[str, Incident] = {}
         self._closed: deque[Incident] = deque(maxlen=_HISTORY)
-        self._counts: dict[tuple[str, str], deque[float]] = {}
+        self._counts: dict[tuple[str, str], deque[tuple[float, str]]] = {}  # reports counted: (time, distinct mark)
         self._holds: dict[tuple[str, str, int | None], float] = {}  # metric condition true since
         self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
         self.ledger = GuardLedger()
@@ -220,9 +226,45 @@ class Engine:
             where = f"{node.name} gpu {event.gpu}" if event.gpu is not None else node.name
             summary = f"{what} on {where}" + (f": {event.message}" if event.message else "")
             symptom = _Symptom(node.name, event.gpu, summary, {k: str(v) for k, v in event.details.items()})
-            if self._counted(pb, symptom, trig.count, trig.within, now):
+            target = self._target(pb, symptom)
+            if target is None:
+                logger.bind(node=node.name).debug("{}: {} names no node we know; not counted", pb.name, summary)
+                continue
+            if self._persists(pb, trig, _Symptom(target, symptom.gpu, "", symptom.details), now):
                 plans += self._symptom(pb, symptom, now)
         return plans
+
+    def _target(self, pb: Playbook, symptom: _Symptom) -> str | None:
+        """The node a symptom is about: its reporter, or the node a ``detail:`` target names (None if unknown).
+
+        Every rank reports a straggler, naming the slow one; falling back to the
+        reporter would blame the healthy nodes that noticed it.
+        """
+        if not pb.target.startswith("detail:"):
+            return symptom.node
+        named = symptom.details.get(pb.target.split(":", 1)[1], "")
+        return named if named in self.nodes else None
+
+    def _persists(self, pb: Playbook, trig: EventTrigger, about: _Symptom, now: float) -> bool:
+        """True once the reports about one scope are many, spread and dense enough (see EventTrigger)."""
+        if trig.count <= 1 and not trig.hold:
+            return True
+        seen = self._counts.setdefault((pb.name, self._scope_key(pb, about)), deque())
+        mark = about.details.get(trig.distinct, "") if trig.distinct else ""
+        if not mark or all(m != mark for _, m in seen):
+            seen.append((now, mark))
+        while seen and now - seen[0][0] > trig.within:
+            seen.popleft()
+        if trig.share is not None:
+            # Sparse old reports are not part of a run that is going on now.
+            while len(seen) >= trig.count and _share(seen) < trig.share:
+                seen.popleft()
+        if len(seen) < trig.count or seen[-1][0] - seen[0][0] < trig.hold:
+            return False
+        if trig.share is not None and _share(seen) < trig.share:
+            return False
+        seen.clear()
+        return True
 
     def _match_log(self, node: NodeState, line: str, source: str, now: float,
                    only: Playbook | None = None) -> list[Plan]:
@@ -240,16 +282,7 @@ class Engine:
 
     def _counted(self, pb: Playbook, symptom: _Symptom, count: int, within: float, now: float) -> bool:
         """True once ``count`` symptoms on one scope fell within ``within``."""
-        if count <= 1:
-            return True
-        times = self._counts.setdefault((pb.name, self._scope_key(pb, symptom)), deque())
-        times.append(now)
-        while times and now - times[0] > within:
-            times.popleft()
-        if len(times) >= count:
-            times.clear()
-            return True
-        return False
+        return self._persists(pb, EventTrigger(frozenset(), count=count, within=within), symptom, now)
 
     def _match_metrics(self, node: NodeState, sample: Sample, now: float) -> list[Plan]:
         plans: list[Plan] = []
@@ -325,12 +358,8 @@ class Engine:
             incident.notes.append(f"{now:.3f} {why}")
 
     def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
-        target = symptom.node
+        target = self._target(pb, symptom) or symptom.node
         superseded: Incident | None = None
-        if pb.target.startswith("detail:"):
-            target = symptom.details.get(pb.target.split(":", 1)[1]) or symptom.node
-            if target not in self.nodes:
-                target = symptom.node
         state = self.nodes.get(target)
         if pb.removes_nodes and pb.target != "cause":
             cause = self._cause_for(target)

@@ -49,7 +49,15 @@ TARGETS: tuple[str, ...] = ("self", "cause")
 
 @dataclass(frozen=True)
 class EventTrigger:
-    """Fires on agent events of ``kinds`` that pass every matcher, ``count`` times within ``within``."""
+    """Fires on agent events of ``kinds`` that pass every matcher, ``count`` times within ``within``.
+
+    Counting is per target scope (the node a ``detail:`` target names, not the
+    node that reported it). ``distinct`` names a details key: reports with the
+    same value count once (every rank reports the same slow step). ``hold``
+    (``for:``) asks that the counted reports span at least that long, and
+    ``share`` that they cover at least that fraction of the ``distinct`` values
+    (training steps) between the first and the last: persistent, not a burst.
+    """
 
     kinds: frozenset[str]
     codes: frozenset[int] = frozenset()
@@ -58,6 +66,9 @@ class EventTrigger:
     details: tuple[tuple[str, re.Pattern[str]], ...] = ()
     count: int = 1
     within: float = 0.0
+    distinct: str | None = None
+    hold: float = 0.0
+    share: float | None = None
 
 
 @dataclass(frozen=True)

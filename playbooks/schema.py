@@ -51,7 +51,8 @@ class PlaybookError:
 
 
 _PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window")
-_TRIGGER_KEYS = ("event", "match", "count", "within", "metric", "for", "log", "source", "condition", "missed")
+_TRIGGER_KEYS = ("event", "match", "count", "within", "distinct", "share", "metric", "for", "log", "source",
+                 "condition", "missed")
 _MATCH_KEYS = ("code", "severity", "message", "details")
 _STEP_KEYS = (
     "do", "confirm", "timeout", "continue_on_failure", "scheduler", "checkpoint",
@@ -186,7 +187,7 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
         return None
     head = heads[0]
     allowed = {
-        "event": {"event", "match", "count", "within"},
+        "event": {"event", "match", "count", "within", "distinct", "share", "for"},
         "metric": {"metric", "for"},
         "log": {"log", "source", "count", "within"},
         "condition": {"condition", "missed"},
@@ -204,6 +205,7 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
 
     if head == "event":
         kinds = c.items(keys["event"][1], "trigger.event", lambda n: _event_kind(c, n))
+        persistence = _persistence(c, keys, within)
         codes: list[int] = []
         severities: list[str] = []
         message = None
@@ -225,7 +227,7 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
         if not kinds:
             return None
         return EventTrigger(frozenset(kinds), frozenset(codes), frozenset(severities), message,
-                            tuple(details), count, within)
+                            tuple(details), count, within, *persistence)
     if head == "metric":
         text = c.scalar(keys["metric"][1], str, "trigger.metric")
         hold = c.duration(keys["for"][1], "trigger.for") if "for" in keys else None
@@ -251,6 +253,25 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
     if condition == "stack_mismatch" and "missed" in keys:
         c.error(keys["missed"][0], "trigger.missed applies only to heartbeat_lost")
     return ConditionTrigger(condition, missed) if condition else None
+
+
+def _persistence(c: _Checker, keys: dict[str, tuple[Node, Node]], within: float) -> tuple[str | None, float, float | None]:
+    """An event trigger's ``distinct``, ``for`` and ``share``: what makes repeated reports persistent."""
+    distinct = c.scalar(keys["distinct"][1], str, "trigger.distinct") if "distinct" in keys else None
+    hold = (c.duration(keys["for"][1], "trigger.for") or 0.0) if "for" in keys else 0.0
+    share = None
+    if "share" in keys:
+        share = c.scalar(keys["share"][1], (int, float), "trigger.share")
+        if share is not None and not 0 < share <= 1:
+            c.error(keys["share"][1], "trigger.share must be above 0 and at most 1")
+            share = None
+        elif share is not None and distinct is None:
+            c.error(keys["share"][0], "trigger.share needs 'distinct' naming a numbered detail (e.g. step)")
+    if hold and "within" in keys and hold > within:
+        c.error(keys["for"][1], "trigger.for is longer than 'within': the reports could never span it")
+    if (hold or "distinct" in keys) and "count" not in keys:
+        c.error(keys["for" if hold else "distinct"][0], "trigger: 'for' and 'distinct' need 'count' and 'within'")
+    return distinct, hold, float(share) if share is not None else None
 
 
 def _event_kind(c: _Checker, node: Node) -> str | None:

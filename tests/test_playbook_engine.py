@@ -124,3 +124,56 @@ def test_stack_mismatch_needs_a_majority() -> None:
         hello.stack.hash = "x1"
         engine.observe(name, hello)
     assert [p.incident.node for p in engine.tick()] == ["b"]
+
+
+def _straggler(engine: Engine, reporter: str, slow: str, step: int) -> list:
+    """One straggler event exactly as the trainer emits it (every rank reports the slow rank)."""
+    return engine.observe(reporter, Event(node=reporter, kind="straggler", severity="warning", source="trainer",
+                                          message=f"rank 3 ({slow}) took 2.4 s for step {step}",
+                                          details={"rank": "3", "node": slow, "step": str(step)}))
+
+
+def test_one_slow_step_reported_by_every_rank_never_opens_a_straggler_incident() -> None:
+    from playbooks.loader import load_builtin
+
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    nodes = ["node1", "node2", "node3", "node4"]
+    _cluster(engine, clock, nodes)
+    for _ in range(3):  # three one-off slow steps, minutes apart, each reported by all four ranks
+        clock.advance(200.0)
+        for reporter in nodes:
+            engine.observe(reporter, Sample(node=reporter))
+        assert [p for r in nodes for p in _straggler(engine, r, "node4", int(clock.now()))] == []
+    assert engine.incidents() == []
+
+
+def test_a_straggler_flagged_on_most_steps_for_minutes_opens_one_incident_on_that_node() -> None:
+    from playbooks.loader import load_builtin
+
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    nodes = ["node1", "node2", "node3", "node4"]
+    _cluster(engine, clock, nodes, interval=10.0)
+    plans = []
+    for step in range(100, 120):
+        clock.advance(10.0)
+        for reporter in nodes:
+            engine.observe(reporter, Sample(node=reporter))
+            plans += _straggler(engine, reporter, "node2", step)
+    assert [(p.incident.playbook, p.incident.node) for p in plans] == [("straggler-persistent", "node2")]
+    assert plans[0].incident.opened_at >= 120.0 + 10.0  # not before the reports span two minutes
+
+
+def test_a_straggler_report_naming_an_unknown_node_blames_nobody() -> None:
+    from playbooks.loader import load_builtin
+
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    _cluster(engine, clock, ["node1", "node2"], interval=10.0)
+    for step in range(100, 140):
+        clock.advance(10.0)
+        engine.observe("node1", Sample(node="node1"))
+        engine.observe("node2", Sample(node="node2"))
+        assert _straggler(engine, "node1", "gpu-host-9", step) == []
+    assert engine.incidents() == []

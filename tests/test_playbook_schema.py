@@ -125,3 +125,22 @@ def test_several_documents_in_one_file(tmp_path: Path) -> None:
     (tmp_path / "two.yaml").write_text(GOOD + "---\n" + GOOD.replace("my-xid", "other"))
     result = load([tmp_path / "two.yaml"])
     assert result.ok and [p.name for p in result.playbooks] == ["my-xid", "other"]
+
+
+def test_persistence_options_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = """\
+name: slow
+trigger:
+  event: straggler
+  count: 5
+  within: 1m
+  for: 2m
+  share: 0.5
+plan: [notify]
+"""
+    code, lines = _check(tmp_path, text, capsys)
+    assert code == 1
+    assert [line.split(": ", 1)[1] for line in lines[:2]] == [
+        "trigger.share needs 'distinct' naming a numbered detail (e.g. step)",
+        "trigger.for is longer than 'within': the reports could never span it",
+    ]
