@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import getpass
 import os
+import signal
 import sys
 import tomllib
 from pathlib import Path
@@ -94,18 +95,23 @@ def _console(args: argparse.Namespace) -> int:
 
 
 async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a ConsoleRuntime
-    """Print link changes and new incidents as they happen; a summary line every 10 s."""
+    """Print link changes and new incidents as they happen; a summary line when the count changes, or each minute."""
     from console.widgets.status_bar import format_age
 
     await runtime.start()
     store = runtime.store
+    stop = asyncio.Event()
+    # As a service it is stopped with SIGTERM: close the connections and the database cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     links: dict[str, str] = {}
     seen_incidents: set[str] = set()
     loop = asyncio.get_running_loop()
     started = loop.time()
     last_summary = 0.0
+    last_counts: tuple[int, int] | None = None
     try:
-        while duration is None or loop.time() - started < duration:
+        while not stop.is_set() and (duration is None or loop.time() - started < duration):
             runtime.tick_engine()
             for node in store.nodes.values():
                 state = str(store.status(node))
@@ -118,12 +124,15 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
                     if row.id not in seen_incidents:
                         seen_incidents.add(row.id)
                         print(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]", flush=True)
-            if loop.time() - last_summary >= 10:
-                last_summary = loop.time()
-                s = store.summary()
+            s = store.summary()
+            if (s.connected, s.total) != last_counts or loop.time() - last_summary >= 60:
+                last_summary, last_counts = loop.time(), (s.connected, s.total)
                 print(f"summary {s.connected}/{s.total} nodes connected, {s.gpus} GPUs, "
                       f"oldest data {format_age(s.oldest_age_s)}", flush=True)
-            await asyncio.sleep(1.0)
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
     finally:
         await runtime.stop()
     return EXIT_OK

@@ -116,9 +116,12 @@ async def test_headless_console_reports_nodes_and_stops(keys, tmp_path) -> None:
             try:
                 await wait_until(lambda: "node headless-node ok" in out.read_text(), 20, "the node reported ok")
                 await wait_until(lambda: "summary 1/1 nodes connected" in out.read_text(), 20, "a summary line")
-            finally:
                 proc.terminate()
-                proc.wait(10)
+                assert proc.wait(15) == 0  # SIGTERM stops the service cleanly
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
     finally:
         await stop_agent(agent)
 
