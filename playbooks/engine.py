@@ -56,6 +56,7 @@ class NodeState:
     removed: bool = False  # a plan of ours took it out of the job
     lost: bool = False
     trainer_step: int | None = None
+    checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
 
     @property
     def out(self) -> bool:
@@ -117,6 +118,7 @@ class Engine:
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step
+                node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
             plans += self._match_metrics(node, frame, now)
         elif isinstance(frame, Event):
             if frame.kind == "isolated":
@@ -501,6 +503,16 @@ class Engine:
             else:
                 self._restarts[incident.job] = (now, incident.id, set(step.nodes))
 
+    def _common_checkpoint(self, nodes: list[str], below: int | None) -> int | None:
+        """The newest checkpoint step (below ``below`` if given) that every one of ``nodes`` reported."""
+        held = [self.nodes[n].checkpoint_steps for n in nodes if n in self.nodes]
+        if not held or len(held) < len(nodes) or not all(held):
+            return None
+        common = frozenset.intersection(*held)
+        if below is not None:
+            common = frozenset(s for s in common if s < below)
+        return max(common) if common else None
+
     def _steps(self, pb: Playbook, incident: Incident, now: float) -> list[PlannedStep]:
         removing = {incident.node} if any(s.action in REMOVING_STEPS for s in pb.plan) else set()
         live = [n for n in self.live_nodes(incident.job) if n not in removing]
@@ -522,6 +534,9 @@ class Engine:
             )
             if spec.action == "restart_from_checkpoint" and spec.checkpoint == "before":
                 step.before_ts, step.before_step = incident.opened_at, before_step
+            if spec.action == "restart_from_checkpoint":
+                step.checkpoint_step = self._common_checkpoint(step.nodes, step.before_step
+                                                               if spec.checkpoint == "before" else None)
             if job_wide and not live:
                 step.decision, step.reason = "skip", "no live node left in the job to send it to"
             steps.append(step)

@@ -35,6 +35,19 @@ from playbooks.plans import Incident, Plan, PlannedStep
 from playbooks.scheduler import DrainRefused, drain_argv
 from playbooks.store import STEP_DONE_STATES, IncidentStore, StepRecord, UnknownIncident
 
+# The args of the agent action ``restart_from`` (relayed as-is to the trainer's
+# control socket), the one contract between the executor and the trainer:
+#   {"incident": ID, "checkpoint": "newest"}
+#       restart from the newest checkpoint that validates;
+#   {"incident": ID, "checkpoint": "before", "before_ts": T, "before_step": N | None}
+#       restart from the newest valid checkpoint of a step below N (saved before
+#       epoch time T when N is None): the one before a NaN loss, say;
+#   ... plus "step": S when the engine knew a checkpoint step S that every node
+#       the step goes to reported in TrainerStatus.checkpoints (newest, or newest
+#       below N). The trainer takes S when it validates, else falls back to the
+#       rule of "checkpoint"; "incident" is for its log only.
+RESTART_ARG_KEYS: tuple[str, ...] = ("incident", "checkpoint", "before_ts", "before_step", "step")
+
 # Agent action for each node-level step (agents.protocol.ACTIONS).
 STEP_ACTIONS: dict[str, str] = {
     "capture_scene": "capture_scene",
@@ -43,6 +56,17 @@ STEP_ACTIONS: dict[str, str] = {
     "pause_training": "pause",
     "restart_from_checkpoint": "restart_from",
 }
+
+
+def restart_args(step: PlannedStep) -> dict[str, Any]:
+    """The ``restart_from`` args for a planned restart, less ``incident`` (see RESTART_ARG_KEYS)."""
+    args: dict[str, Any] = {"checkpoint": step.checkpoint}
+    if step.checkpoint == "before":
+        args["before_ts"] = step.before_ts
+        args["before_step"] = step.before_step
+    if step.checkpoint_step is not None:
+        args["step"] = step.checkpoint_step
+    return args
 
 
 class ActionSink(Protocol):
@@ -229,10 +253,7 @@ class Executor:
         action = STEP_ACTIONS[step.step]
         args: dict[str, Any] = {"incident": incident.id}
         if step.step == "restart_from_checkpoint":
-            args["checkpoint"] = step.checkpoint
-            if step.checkpoint == "before":
-                args["before_ts"] = step.before_ts
-                args["before_step"] = step.before_step
+            args.update(restart_args(step))
         if not step.nodes:
             raise StepFailed("no node to send it to")
         results = await asyncio.gather(*(self._act(n, action, args, reason) for n in step.nodes))

@@ -56,6 +56,9 @@ class PlannedStep(msgspec.Struct, kw_only=True):
     checkpoint: str = "newest"
     before_ts: float | None = None  # restart from the last checkpoint before this time ...
     before_step: int | None = None  # ... or before this training step
+    # A checkpoint step every node in ``nodes`` reported holding when planned
+    # (newest, or newest below ``before_step``); None when they named none in common.
+    checkpoint_step: int | None = None
     channel: str = "console"
     url: str | None = None
     command: list[str] = []

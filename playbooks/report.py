@@ -26,6 +26,8 @@ def step_json(step: PlannedStep, start: float | None = None) -> dict[str, Any]:
         row["checkpoint"] = step.checkpoint
         if step.checkpoint == "before":
             row["before_ts"], row["before_step"] = step.before_ts, step.before_step
+        if step.checkpoint_step is not None:
+            row["checkpoint_step"] = step.checkpoint_step
     return row
 
 
@@ -50,6 +52,8 @@ def plan_text(plan: Plan, start: float | None = None) -> list[str]:
             line += "  (newest valid checkpoint)" if s.checkpoint == "newest" else (
                 f"  (last checkpoint before {_when(s.before_ts or 0.0, start)}"
                 + (f", step {s.before_step})" if s.before_step is not None else ")"))
+            if s.checkpoint_step is not None:
+                line += f" -> step {s.checkpoint_step}"
         if s.reason:
             line += f"  - {s.reason}"
         lines.append(line)

@@ -271,3 +271,36 @@ async def test_a_superseded_plan_stands_down_and_cannot_be_confirmed(tmp_path: P
     with pytest.raises(ValueError, match="not waiting for confirmation"):
         await executor.confirm(waiting[0].id, "alice")
     assert [(n, a) for n, a, _ in sink.calls].count(("node4", "isolate")) == 1
+
+
+def _restart_plan(text: str, checkpoints: dict[str, dict[str, int]], event: Event) -> Plan:
+    clock = ManualClock(1000.0)
+    engine = Engine(check_text(text, "t.yaml")[0], clock)
+    for name, tiers in checkpoints.items():
+        engine.observe(name, Hello(node=name))
+        engine.observe(name, Sample(node=name, trainer=TrainerStatus(job="llm", step=90, checkpoints=tiers)))
+    (plan,) = engine.observe(str(event.node), event)
+    return plan
+
+
+async def test_restart_names_the_checkpoint_step_every_node_holds(tmp_path: Path) -> None:
+    # node1 already has the newest tier-0 snapshot (80); node3 has not: 70 is the newest they share.
+    checkpoints = {"node1": {"0": 80, "1": 70}, "node2": {"0": 80, "1": 70}, "node3": {"0": 75, "1": 70}}
+    plan = _restart_plan(HARDWARE, checkpoints, Event(node="node2", kind="xid", code=79, gpu=0))
+    sink = FakeSink()
+    executor, _, _, _ = _executor(tmp_path, sink)
+    await executor.run(plan)
+    restarts = [(n, args) for n, a, args in sink.calls if a == "restart_from"]
+    assert restarts == [(n, {"incident": plan.incident.id, "checkpoint": "newest", "step": 70})
+                        for n in ("node1", "node3")]
+
+
+async def test_rollback_names_the_newest_shared_checkpoint_below_the_bad_step(tmp_path: Path) -> None:
+    text = "name: nan\nscope: job\ntrigger: {event: nan_loss}\nplan:\n  - do: restart_from_checkpoint\n    checkpoint: before\n"
+    checkpoints = {"node1": {"0": 85, "1": 80}, "node2": {"0": 85, "1": 80, "2": 60}}
+    plan = _restart_plan(text, checkpoints, Event(node="node2", kind="nan_loss", details={"step": "85"}))
+    sink = FakeSink()
+    executor, _, _, _ = _executor(tmp_path, sink)
+    await executor.run(plan)
+    assert {args["step"] for _, _, args in sink.calls} == {80}
+    assert sink.calls[0][2]["before_step"] == 85 and sink.calls[0][2]["checkpoint"] == "before"
