@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -247,6 +248,7 @@ class ConsoleRuntime:
         self.executor = executor
         self.plan_store = plan_store  # where plans are recorded when nothing may act on them
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._log_refs: Counter[str] = Counter()
         self.read_only_flag = read_only
         self.operator = operator
 
@@ -336,11 +338,17 @@ class ConsoleRuntime:
             await self.fleet.stop()
 
     def subscribe_logs(self, node: str, on: bool) -> None:
+        """Counted: the node view and the logs view may both want a node's lines; the last one out stops them."""
+        before = self._log_refs[node]
+        self._log_refs[node] = max(before + (1 if on else -1), 0)
+        after = self._log_refs[node]
+        if (before == 0) == (after == 0):
+            return
         state = self.store.by_name(node)
         if state is not None:
-            state.logs_subscribed = on
+            state.logs_subscribed = after > 0
         if self.fleet is not None:
-            self.fleet.subscribe_logs(node, on)
+            self.fleet.subscribe_logs(node, after > 0)
 
     async def node_action(self, node: str, action: str, reason: str, args: dict | None = None) -> ActionResult:
         """Send an operator action to one node; refused here when read-only."""

@@ -385,3 +385,22 @@ async def test_the_command_palette_opens_views() -> None:
         await wait_for(pilot, lambda: app.screen.query("CommandList").first().option_count > 0)
         await pilot.press("enter")
         await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+
+
+async def test_a_logs_query_for_a_few_nodes_streams_their_lines_until_the_view_closes() -> None:
+    fleet = RecordingFleet()
+    app = make_app(fleet=fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("logs")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        await pilot.press("slash", *"node:node[02-03]", "enter")
+        await wait_for(pilot, lambda: sorted(fleet.subscriptions) == [("node02", True), ("node03", True)])
+        app.run_command("node node02")  # the node view wants node02 too: no second subscription
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        assert len(fleet.subscriptions) == 2  # the logs view still streams node02
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        assert sorted(fleet.subscriptions[2:]) == [("node02", False), ("node03", False)]

@@ -22,6 +22,8 @@ LOG_COLUMNS = [
     Column("text", "TEXT", 160),
 ]
 _LOG_LINE = Style(dim=True)
+# A query naming this many nodes or fewer streams their raw log lines while the view is open.
+STREAM_NODES_MAX = 16
 
 
 def entry_cells(entry: LogEntry) -> list[Cell]:
@@ -51,6 +53,7 @@ class LogsScreen(ViewScreen):
         self.query_error = ""
         self.search_results: list[LogEntry] | None = None
         self.progress = ""
+        self.streaming: list[str] = []
 
     def compose_view(self) -> ComposeResult:
         yield Input(placeholder="node:node[01-04] sev:error since:10m until:1m REGEX   (enter: filter, "
@@ -92,7 +95,20 @@ class LogsScreen(ViewScreen):
             return False
         self.query_text = text
         self.query_error = ""
+        self._stream(self.log_query.nodes if self.log_query.nodes and len(self.log_query.nodes) <= STREAM_NODES_MAX
+                     else [])
         return True
+
+    def _stream(self, nodes: list[str]) -> None:
+        """Stream raw lines of a small node set; logs stay on the nodes otherwise (search them)."""
+        for node in set(self.streaming) - set(nodes):
+            self.runtime.subscribe_logs(node, False)
+        for node in set(nodes) - set(self.streaming):
+            self.runtime.subscribe_logs(node, True)
+        self.streaming = list(nodes)
+
+    def on_unmount(self) -> None:
+        self._stream([])
 
     def action_edit_query(self) -> None:
         self.query_one("#logs-query", Input).focus()
