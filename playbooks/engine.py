@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from loguru import logger
 
@@ -33,6 +33,10 @@ from playbooks.model import (
     severity_rank,
 )
 from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
+
+if TYPE_CHECKING:
+    from playbooks.seed import SeedSummary
+    from playbooks.store import IncidentStore
 
 # A node is gone for job-wide steps after this many hello intervals of silence.
 LOST_AFTER_INTERVALS = 3.0
@@ -54,6 +58,7 @@ class NodeState:
     stack_hash: str = ""
     reported_isolated: bool = False
     removed: bool = False  # a plan of ours took it out of the job
+    seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
     lost: bool = False
     trainer_step: int | None = None
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
@@ -109,12 +114,14 @@ class Engine:
         if isinstance(frame, Hello):
             node.interval = frame.interval if frame.interval > 0 else node.interval
             node.reported_isolated = frame.isolated
+            self._settle_seeded(node, frame.isolated)
             # Stacks are compared on tick, once the hellos that arrive together are all in.
             node.stack_hash = str(frame.stack.hash)
         elif isinstance(frame, Sample):
             if node.reported_isolated and not frame.isolated:
                 node.removed = False  # put back in by an operator
             node.reported_isolated = frame.isolated
+            self._settle_seeded(node, frame.isolated)
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step
@@ -129,6 +136,13 @@ class Engine:
         elif isinstance(frame, LogLine):
             plans += self._match_log(node, str(frame.line), str(frame.source), now)
         return plans
+
+    @staticmethod
+    def _settle_seeded(node: NodeState, isolated: bool) -> None:
+        if node.seeded_out:
+            # Isolation outlives agent restarts; if the agent says it is in, an
+            # operator put it back (or the isolation never happened).
+            node.removed, node.seeded_out = isolated, False
 
     def tick(self, now: float | None = None) -> list[Plan]:
         """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
@@ -164,6 +178,33 @@ class Engine:
             if incident.state != "pending" and not ongoing and now - incident.last_seen_at > window:
                 self._close(key, incident, now, "closed: quiet for the dedup window")
         return plans
+
+    def seed_from(self, store: IncidentStore, now: float | None = None) -> SeedSummary:
+        """After a console restart: take back open incidents and guard memory from ``store`` (see playbooks.seed)."""
+        from playbooks.seed import seed_engine
+
+        return seed_engine(self, store, self.clock.now() if now is None else now)
+
+    def adopt(self, incident: Incident, key: str, removed: list[str],
+              restart: tuple[float, list[str]] | None, reopen: bool) -> None:
+        """Take back an incident planned before a restart: its removed nodes stay out, it may absorb symptoms again."""
+        for name in removed:
+            node = self.nodes.get(name)
+            if node is None:
+                # Not heard from yet: known only as out, so no heartbeat rule fires for it.
+                node = self.nodes[name] = NodeState(name=name, last_seen=self.clock.now())
+            node.removed = node.seeded_out = True
+        if restart is not None and incident.job:
+            when, nodes = restart
+            earlier = self._restarts.get(incident.job)
+            if earlier is None or earlier[0] <= when:
+                self._restarts[incident.job] = (when, incident.id, set(nodes))
+        self._by_id[incident.id] = incident
+        if reopen:
+            incident.state = "open"
+            self._open[(incident.playbook, key)] = incident
+        else:
+            self._closed.append(incident)
 
     # ---------------------------------------------------------------- queries
 

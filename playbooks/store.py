@@ -175,6 +175,13 @@ class IncidentStore:
         wanted = set(states) if states is not None else None
         return [r for r in records if wanted is None or r.state in wanted]
 
+    def incidents_since(self, since: float) -> list[IncidentRecord]:
+        """Every incident detected at or after ``since``, oldest first (what a restarted engine remembers)."""
+        rows = self._db.execute(
+            f"SELECT {_INCIDENT_COLS} FROM incidents WHERE detected_at >= ? ORDER BY detected_at, id", (since,)
+        ).fetchall()
+        return [self._incident_row(r) for r in rows]
+
     def acknowledge(self, incident_id: str, who: str) -> IncidentRecord:
         """Someone is on it: it stays listed but stops paging."""
         self._require(incident_id)
