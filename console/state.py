@@ -7,7 +7,6 @@ series once per tick. Nothing here imports textual.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from array import array
@@ -762,7 +761,3 @@ def _matches(
     if until is not None and entry.ts > until:
         return False
     return pattern is None or bool(pattern.search(entry.text) or pattern.search(entry.source))
-
-
-def finite(value: float) -> bool:
-    return not math.isnan(value)

@@ -9,6 +9,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
+from textual.events import Click
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -182,7 +183,7 @@ class TextTable(ScrollView, can_focus=True):
         if key is not None:
             self.post_message(self.Selected(self, key))
 
-    def on_click(self, event) -> None:  # noqa: ANN001 - textual's Click
+    def on_click(self, event: Click) -> None:
         row = event.y - 1 + int(self.scroll_y)
         if event.y >= 1 and 0 <= row < len(self.rows):
             self.cursor = row
