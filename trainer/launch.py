@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from loguru import logger
 
 from trainer.config import TrainConfig, read_config, write_config
@@ -125,11 +126,19 @@ class LocalRun:
         return socket_path(self.run_dir, node)
 
     def _signal(self, node: str, sig: int) -> None:
+        """Signal the node's agent and every process under it (torchrun gives workers their own session)."""
         proc = self.nodes[node]
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+            tree = [psutil.Process(proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        # The agent first, so that it cannot restart the workers it sees dying.
+        for p in tree:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
 
     def kill_node(self, node: str) -> None:
         """Lose a node: SIGKILL its torchrun agent and workers together."""

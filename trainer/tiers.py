@@ -95,6 +95,10 @@ class TieredCheckpointer:
         self._jobs.put(marker)
         return marker.done.wait(timeout)
 
+    def busy(self) -> bool:
+        """Whether writes are still queued or running."""
+        return self._jobs.unfinished_tasks > 0
+
     def stop(self, timeout: float = 120.0) -> None:
         self.flush(timeout)
         self._jobs.put(None)
@@ -112,6 +116,7 @@ class TieredCheckpointer:
                 if job.buffers is not None:
                     self._pool.release(job.buffers)
                 job.done.set()
+                self._jobs.task_done()
 
     def _write(self, job: _Job) -> None:
         if job.protect:

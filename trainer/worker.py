@@ -7,6 +7,7 @@ the node's name comes from ``GRIDWATCH_NODE``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -380,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     node = os.environ.get("GRIDWATCH_NODE") or f"node-{int(os.environ.get('GROUP_RANK', '0')) + 1}"
     _setup_logging(node)
+    # `kill -USR1` a worker to see where every thread is (a hung collective, a slow save).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cfg = read_config(args.run_dir)
     except ValueError as exc:
