@@ -362,10 +362,3 @@ class Agent:
                         client.wake.set()
             await drain()
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
