@@ -340,7 +340,8 @@ class FrameError(ValueError):
         self.code = code
 
 
-def _dec_hook(type_: type, obj: Any) -> Any:
+def text_dec_hook(type_: type, obj: Any) -> Any:
+    """msgspec ``dec_hook`` that cleans every :class:`Text` field; for any decoder of node text."""
     if type_ is Text:
         if not isinstance(obj, str):
             raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
@@ -353,17 +354,18 @@ class _Envelope(msgspec.Struct):
     v: int = PROTOCOL_VERSION
 
 
-def _enc_hook(obj: Any) -> Any:
+def text_enc_hook(obj: Any) -> Any:
+    """msgspec ``enc_hook`` that writes :class:`Text` as a plain string."""
     if isinstance(obj, str):
         return str(obj)
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_encoder = msgspec.json.Encoder(enc_hook=text_enc_hook)
 _envelope = msgspec.json.Decoder(_Envelope)
-_agent_decoder = msgspec.json.Decoder(AgentFrame, dec_hook=_dec_hook)
-_client_decoder = msgspec.json.Decoder(ClientFrame, dec_hook=_dec_hook)
-_any_decoder = msgspec.json.Decoder(AnyFrame, dec_hook=_dec_hook)
+_agent_decoder = msgspec.json.Decoder(AgentFrame, dec_hook=text_dec_hook)
+_client_decoder = msgspec.json.Decoder(ClientFrame, dec_hook=text_dec_hook)
+_any_decoder = msgspec.json.Decoder(AnyFrame, dec_hook=text_dec_hook)
 
 
 def encode(frame: Frame) -> bytes:
