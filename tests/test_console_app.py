@@ -369,6 +369,8 @@ async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
         dead = rows["node01"]
         assert dead[1][0] == "down" and dead[4][0] != "N/A" and dead[11][0] == "30s"
         assert "connection refused" in dead[12][0]
+        # The table clips the error; the highlighted node's line under it shows it whole.
+        assert "node01  down  seen 30s ago  node01:8022: connection refused (is the agent running?)" in screen_text(app)
         assert "1/2 nodes connected" in screen_text(app)
         assert "oldest data 30s" in screen_text(app)
 

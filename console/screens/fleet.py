@@ -96,6 +96,7 @@ class FleetScreen(ViewScreen):
                 yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (isolated, stack)",
                             id="fleet-filter")
                 yield TextTable(NODE_COLUMNS, id="node-table")
+                yield Static(id="node-detail")
 
     def prepare(self) -> None:
         self.query_one("#fleet-filter", Input).display = False
@@ -106,6 +107,7 @@ class FleetScreen(ViewScreen):
         table = self.query_one("#node-table", TextTable)
         table.sort_key, table.sort_reverse = self.sort_key, self.reverse
         table.set_rows(rows, [r.name for r in rows], node_cells)
+        self._show_detail({r.name: r for r in rows}.get(table.cursor_key or ""))
         only = {r.name for r in rows} if self.filter_text else None
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
@@ -116,6 +118,19 @@ class FleetScreen(ViewScreen):
         self.query_one("#heatmap-legend", Static).update(legend, layout=False)
         shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
         self.set_title(("gridwatch", "bold"), "  nodes", shown)
+
+    def _show_detail(self, row: NodeRow | None) -> None:
+        """The highlighted node in one line, its error in full (the table column clips it)."""
+        text = Text()
+        if row is not None:
+            text.append(row.name, style="bold")
+            text.append(f"  {row.status}", style=STATUS_STYLES[row.status])
+            text.append(f"  seen {format_age(row.age_s)} ago")
+            if row.flags:
+                text.append(f"  {row.flags}", style=_BAD)
+            if row.error:
+                text.append("  " + row.error, style=_BAD)
+        self.query_one("#node-detail", Static).update(text, layout=False)
 
     # ---------------------------------------------------------------- actions
 
@@ -163,6 +178,9 @@ class FleetScreen(ViewScreen):
         self.gw.open_node(event.key)
 
     def on_text_table_highlighted(self, event: TextTable.Highlighted) -> None:
+        table = self.query_one("#node-table", TextTable)
+        if 0 <= table.cursor < len(table.rows):
+            self._show_detail(table.rows[table.cursor])
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.highlight = event.key
         heatmap.refresh()

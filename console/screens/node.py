@@ -112,7 +112,16 @@ def host_text(node: NodeState) -> Text:
     line("nic rx", format_rate(rx), hist.series(HOST_RX), 0, None)
     line("nic tx", format_rate(tx), hist.series(HOST_TX), 0, None)
     if host is not None and host.load1 is not None:
-        text.append(f"load    {host.load1:.2f} {host.load5 or 0:.2f} {host.load15 or 0:.2f}")
+        text.append(f"load    {host.load1:.2f} {host.load5 or 0:.2f} {host.load15 or 0:.2f}\n")
+    agent = node.sample.agent if node.sample else None
+    if agent is not None:
+        # The agent's own footprint: it should stay cheap, and this shows whether it does.
+        cpu_s = "N/A" if agent.cpu_percent is None else f"{agent.cpu_percent:.1f}%"
+        rss = "N/A" if agent.rss_mb is None else f"{agent.rss_mb:.0f} MB"
+        tick = "N/A" if agent.tick_ms is None else f"{agent.tick_ms:.1f} ms"
+        text.append(f"agent   cpu {cpu_s}  rss {rss}  tick {tick}  clients {agent.clients}")
+        if agent.dropped_frames:
+            text.append(f"  dropped {agent.dropped_frames}", style="bold red")
     return text
 
 
@@ -165,6 +174,8 @@ class NodeScreen(ViewScreen):
             parts.append(f"  agent {node.hello.agent_version}  stack {str(node.hello.stack.hash)[:12]}")
         if node.role:
             parts.append(f"  role {node.role}")
+        if node.gaps:
+            parts.append((f"  {node.gaps} frames lost", "bold red"))
         error = node.link_error or node.last_error
         if error:
             parts.append(("  " + error, "red"))
