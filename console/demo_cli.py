@@ -161,7 +161,7 @@ async def _with_console(options, duration: float | None) -> int:  # type: ignore
 
     try:
         from console.app import GridwatchApp
-        from console.runtime import ConsoleRuntime
+        from console.runtime import ConsoleRuntime, ExecutorActor, StoreIncidents
     except ImportError as exc:
         print(f"gridwatch demo: the console cannot start ({exc}); use --headless", file=sys.stderr)
         return EXIT_ERROR
@@ -171,7 +171,10 @@ async def _with_console(options, duration: float | None) -> int:  # type: ignore
     try:
         await session.start()
         session.say = lines.append  # the screen owns the terminal from here on
-        runtime = ConsoleRuntime(fleet=session.fleet, operator="demo-operator")
+        # The session already feeds its engine; the screen only shows and acts on its incidents.
+        runtime = ConsoleRuntime(fleet=session.fleet, operator="demo-operator",
+                                 incidents=StoreIncidents(session.store),
+                                 actor=ExecutorActor(session.supervisor.executor, session.store))
         session.runtime = runtime
         app = GridwatchApp(runtime)
         session._begin()

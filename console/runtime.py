@@ -440,7 +440,11 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
         incident_store = IncidentStore(db_path, clock)
     except sqlite3.Error as exc:
         raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
-    runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=PlaybookEngine(playbooks, clock),
+    engine = PlaybookEngine(playbooks, clock)
+    # A restarted console takes back its open incidents and guard memory, so it
+    # does not act a second time on a fault it already handled.
+    engine.seed_from(incident_store)
+    runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=engine,
                              plan_store=incident_store, read_only=options.read_only, operator=options.operator)
     executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store))
     runtime.executor = executor
