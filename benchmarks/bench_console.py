@@ -78,7 +78,7 @@ async def bench_console_tick(ticks: int) -> dict[str, float]:
     from console.app import GridwatchApp
     from console.runtime import ConsoleRuntime
 
-    clock = ManualClock()
+    clock = ManualClock(1_700_000_000.0)
     store, rounds = make_store(clock)
     app = GridwatchApp(ConsoleRuntime(store), tick_seconds=3600, start_runtime=False)
     fan_in, tick = [], []
@@ -127,7 +127,7 @@ async def bench_cpu_at_1hz(seconds: float) -> dict[str, float]:
     from console.app import GridwatchApp
     from console.runtime import ConsoleRuntime
 
-    store, rounds = make_store(ManualClock())
+    store, rounds = make_store(ManualClock(1_700_000_000.0))
     store.clock = type("Wall", (), {"now": staticmethod(time.time)})()
     app = GridwatchApp(ConsoleRuntime(store), tick_seconds=1.0, start_runtime=False)
     async with app.run_test(size=SIZE) as pilot:

@@ -13,7 +13,7 @@ from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Iterable, Protocol
+from typing import Iterable
 
 from agents.protocol import (
     ActionResult,
@@ -28,6 +28,7 @@ from agents.protocol import (
     TrainerStatus,
     clean_text,
 )
+from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine; re-exported
 from console.hostlist import HostlistError, expand
 
 HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
@@ -43,30 +44,6 @@ NAN = float("nan")
 # ----------------------------------------------------------------------------- clock
 
 
-class Clock(Protocol):
-    """What the store asks for the time, so tests can advance it without sleeping."""
-
-    def now(self) -> float: ...
-
-
-class SystemClock:
-    """Wall-clock time, the default."""
-
-    def now(self) -> float:
-        return time.time()
-
-
-class ManualClock:
-    """A clock that only moves when told to: for tests, replays and snapshots."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.t = start
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 # --------------------------------------------------------------------------- history
