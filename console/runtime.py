@@ -132,10 +132,7 @@ class StoreIncidents:
         return row
 
     def acknowledge(self, incident_id: str, who: str, why: str) -> None:
-        self.store.acknowledge(incident_id, who)
-        if why:
-            # The store's acknowledge records no reason; the operator's goes in beside it.
-            self.store.audit(who, "note", why, incident=incident_id, phase="operator")
+        self.store.acknowledge(incident_id, who, why)
 
     def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
         self.store.silence(incident_id, who, until, why)

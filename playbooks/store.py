@@ -182,12 +182,12 @@ class IncidentStore:
         ).fetchall()
         return [self._incident_row(r) for r in rows]
 
-    def acknowledge(self, incident_id: str, who: str) -> IncidentRecord:
+    def acknowledge(self, incident_id: str, who: str, why: str = "") -> IncidentRecord:
         """Someone is on it: it stays listed but stops paging."""
         self._require(incident_id)
         self._db.execute("UPDATE incidents SET state='acknowledged', acknowledged_by=?, silenced_until=NULL"
                          " WHERE id=? AND state != 'resolved'", (who, incident_id))
-        self.audit(who, "acknowledge", "", incident=incident_id, phase="operator")
+        self.audit(who, "acknowledge", why, incident=incident_id, phase="operator")
         return self._require(incident_id)
 
     def silence(self, incident_id: str, who: str, until: float, why: str = "") -> IncidentRecord:
