@@ -47,7 +47,7 @@ async def test_controls_are_queued_for_the_loop(server: ControlServer) -> None:
     assert reply.ok
     taken = server.take()
     assert [r.cmd for r in taken] == ["pause", "resume", "checkpoint_now", "leave", "restart_from"]
-    assert restart_target(taken[-1].args) == 40
+    assert restart_target(taken[-1].args).step == 40
     assert server.take() == []
 
 
@@ -86,3 +86,16 @@ def test_control_module_does_not_import_torch() -> None:
     code = "import sys, trainer.control, trainer.control_server, trainer.launch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_restart_from_accepts_what_the_playbooks_send():
+    from trainer.control import RestartTarget
+
+    assert restart_target({"step": 30}) == RestartTarget(step=30)
+    assert restart_target({"checkpoint": "tier1:step-40"}) == RestartTarget(step=40)
+    assert restart_target({"incident": "x", "checkpoint": "newest"}) == RestartTarget(fallback=True)
+    assert restart_target({"checkpoint": "newest", "step": 60}) == RestartTarget(step=60, fallback=True)
+    assert restart_target({"checkpoint": "before", "before_step": 41, "before_ts": 1.0}) == RestartTarget(below=41, fallback=True)
+    for bad in ({}, {"checkpoint": "before"}, {"checkpoint": "yesterday"}, {"step": -1}, {"step": True}):
+        with pytest.raises(ValueError):
+            restart_target(bad)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,26 @@ def decode_request(line: bytes) -> ControlRequest:
     return req
 
 
-def restart_target(args: dict[str, Any]) -> int:
-    """The checkpoint step a ``restart_from`` names: ``{"step": N}`` or ``{"checkpoint": "N"|"tierT:N"|path}``."""
-    value: Any = args.get("step", args.get("checkpoint"))
-    if isinstance(value, bool) or value is None:
-        raise ValueError('restart_from needs {"step": N} or {"checkpoint": "step-N"}')
-    if isinstance(value, int):
+@dataclass(frozen=True)
+class RestartTarget:
+    """Which checkpoint a ``restart_from`` asks for.
+
+    ``step``: exactly this step. ``below``: the newest valid one whose step is
+    below this. Neither: the newest valid one. With both, ``step`` is tried
+    first and ``below`` is the fallback when it does not validate.
+    """
+
+    step: int | None = None
+    below: int | None = None
+    fallback: bool = False  # a rule was given: when ``step`` does not validate, use it
+
+    @property
+    def newest(self) -> bool:
+        return self.step is None or self.fallback
+
+
+def _named_step(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
         step = value
     else:
         text = str(value).rstrip("/").rsplit("/", 1)[-1]
@@ -118,6 +133,33 @@ def restart_target(args: dict[str, Any]) -> int:
     if step < 0:
         raise ValueError(f"restart_from: step {step} is negative")
     return step
+
+
+def restart_target(args: dict[str, Any]) -> RestartTarget:
+    """Read ``restart_from`` args.
+
+    Accepted: ``{"step": N}``; ``{"checkpoint": "N" | "step-N" | "tierT:step-N" | PATH}``;
+    ``{"checkpoint": "newest"}``; ``{"checkpoint": "before", "before_step": N}``.
+    ``step`` may come with "newest"/"before" as the first choice (the playbook
+    executor sends it when it knows a step every node holds). Other keys
+    (``incident``, ``before_ts``) are for the log only.
+    """
+    rule, step = args.get("checkpoint"), args.get("step")
+    if isinstance(step, bool) or (step is None and rule is None):
+        raise ValueError('restart_from needs {"step": N}, {"checkpoint": "newest"} or {"checkpoint": "before", "before_step": N}')
+    exact = _named_step(step) if step is not None else None
+    if rule == "newest":
+        return RestartTarget(step=exact, fallback=True)
+    if rule == "before":
+        before = args.get("before_step")
+        if before is None:
+            if exact is None:
+                raise ValueError("restart_from before an event needs before_step (the first bad step)")
+            return RestartTarget(step=exact)
+        return RestartTarget(step=exact, below=_named_step(before), fallback=True)
+    if rule is not None and exact is None:
+        exact = _named_step(rule)
+    return RestartTarget(step=exact)
 
 
 def decode_reply(line: bytes) -> ControlReply:

@@ -50,8 +50,9 @@ def restore_newest(
     live: dict[str, torch.Tensor],
     model_fingerprint: str,
     want_step: int | None = None,
+    below: int | None = None,
 ) -> tuple[Manifest | None, list[str]]:
-    """Load the newest valid checkpoint (or the one at ``want_step``) into ``live`` on every rank.
+    """Load the newest valid checkpoint (or the one at ``want_step``, or the newest below ``below``) into ``live`` on every rank.
 
     Returns its manifest (None when there is none) and one line per candidate
     that was skipped, for the operator. Every rank must call this together.
@@ -62,6 +63,8 @@ def restore_newest(
     candidates = sorted(c for part in gathered for c in part)
     if want_step is not None:
         candidates = [c for c in candidates if c.step == want_step]
+    if below is not None:
+        candidates = [c for c in candidates if c.step < below]
     skipped: list[str] = []
     for cand in candidates:
         result: Manifest | str | None = None

@@ -44,7 +44,11 @@ EXIT_DEADLINE = 76  # no progress within the deadline: a peer is frozen or gone
 MAX_EVENTS = 64
 
 # Control vector layout (all-reduced with MAX at each step boundary).
-_PAUSE, _RESUME, _CKPT, _RESTART, _LEAVE0 = 0, 1, 2, 3, 4
+# Control slots, all-reduced with MAX so every rank applies the same controls.
+# _EXACT holds step+1 of an exact restart; _BELOW holds -bound so MAX picks the
+# earliest "before" bound asked for (NO_BOUND when none).
+_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7
+NO_BOUND = float(2**52)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -186,11 +190,11 @@ class Worker:
         owner = (self.step // every2) % self.world == self.rank
         return self.ckpt.snapshot(state, self.manifest(), tiers, tier2_owner=owner, rank=self.rank)
 
-    def restore(self, want_step: int | None = None) -> bool:
+    def restore(self, want_step: int | None = None, below: int | None = None) -> bool:
         self.phase = "restarting"
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.ckpt.flush()
-        manifest, skipped = restore_newest(self.cfg, self.node, self.live, self.mcfg.fingerprint(), want_step)
+        manifest, skipped = restore_newest(self.cfg, self.node, self.live, self.mcfg.fingerprint(), want_step, below)
         for line in skipped:
             self.event("checkpoint", line, "warning")
         if manifest is None:
@@ -207,6 +211,7 @@ class Worker:
 
     def _controls(self) -> torch.Tensor:
         vec = torch.zeros(_LEAVE0 + self.world, dtype=torch.float64)
+        vec[_BELOW] = -NO_BOUND
         for req in self.server.take():
             if req.cmd == "pause":
                 vec[_PAUSE] = 1
@@ -217,7 +222,14 @@ class Worker:
             elif req.cmd == "leave":
                 vec[_LEAVE0 + self.rank] = 1
             elif req.cmd == "restart_from":
-                vec[_RESTART] = max(float(vec[_RESTART]), restart_target(req.args) + 1)
+                target = restart_target(req.args)
+                vec[_RESTART] = 1
+                if target.newest:
+                    vec[_NEWEST] = 1
+                if target.step is not None:
+                    vec[_EXACT] = max(float(vec[_EXACT]), target.step + 1)
+                if target.below is not None:
+                    vec[_BELOW] = max(float(vec[_BELOW]), -float(target.below))
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         return vec
 
@@ -231,10 +243,16 @@ class Worker:
         if leaving:
             self._leave(leaving)
         if ctl[_RESTART] > 0:
-            target = int(ctl[_RESTART]) - 1
+            exact = int(ctl[_EXACT]) - 1 if ctl[_EXACT] > 0 else None
+            below = int(-ctl[_BELOW]) if -ctl[_BELOW] < NO_BOUND else None
             here = self.step
-            if not self.restore(target):
-                self.event("checkpoint", f"restart_from: no valid checkpoint at step {target}; training goes on from step {here}", "error")
+            restored = exact is not None and self.restore(exact)
+            if not restored and ctl[_NEWEST] > 0:
+                # The named step did not validate (or none was named): the newest valid one, below the bound if any.
+                restored = self.restore(None, below=below)
+            if not restored:
+                wanted = f"step {exact}" if exact is not None else ("a step below " + str(below) if below is not None else "any step")
+                self.event("checkpoint", f"restart_from: no valid checkpoint at {wanted}; training goes on from step {here}", "error")
             self.phase = "training"
         if ctl[_PAUSE] > 0 and ctl[_RESUME] == 0:
             self._pause()
