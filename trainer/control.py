@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from agents.protocol import Event, Text, TrainerStatus, clean_text
+from agents.protocol import Event, Text, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
 
 SOCKET_ENV = "GRIDWATCH_TRAINER_SOCKET"
 # A request or reply longer than this is refused: the status is a few KB at most.
@@ -58,24 +58,10 @@ def socket_path(run_dir: str | os.PathLike[str], node: str) -> str:
     return str(Path(run_dir) / "control" / f"{node}.sock")
 
 
-def _dec_hook(type_: type, obj: Any) -> Any:
-    # Same cleaning as agent frames: a trainer's strings are node-supplied text.
-    if type_ is Text:
-        if not isinstance(obj, str):
-            raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
-        return Text(clean_text(obj))
-    raise NotImplementedError(f"unsupported type {type_!r}")
-
-
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, str):
-        return str(obj)
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-
-
-_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+# A trainer's strings are node-supplied text: the same cleaning as agent frames.
+_encoder = msgspec.json.Encoder(enc_hook=text_enc_hook)
 _request_decoder = msgspec.json.Decoder(ControlRequest)
-_reply_decoder = msgspec.json.Decoder(ControlReply, dec_hook=_dec_hook)
+_reply_decoder = msgspec.json.Decoder(ControlReply, dec_hook=text_dec_hook)
 
 
 def encode_request(cmd: str, args: dict[str, Any] | None = None) -> bytes:
