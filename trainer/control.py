@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from agents.protocol import Event, Text, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
+from agents.protocol import Event, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
 
 SOCKET_ENV = "GRIDWATCH_TRAINER_SOCKET"
 # A request or reply longer than this is refused: the status is a few KB at most.
