@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--second-dir", default="", help="tier-2 location (default RUN_DIR/shared)")
     p.add_argument("--progress-deadline", type=float, default=15.0, help="seconds without a step before re-forming")
     p.add_argument("--reduce", choices=("exact", "fast"), default="exact")
+    from trainer.preflight_gate import add_options
+
+    add_options(p)
     p.set_defaults(func=_run)
 
 
@@ -54,18 +57,28 @@ def _config(args: argparse.Namespace):  # -> TrainConfig, kept lazy for a fast -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from trainer.launch import LaunchError, cluster_command, node_names, prepare, start_local_run
+    from trainer.launch import cluster_command, node_names, prepare, start_local_run
+    from trainer.preflight_gate import GateClosed, run_gate
 
     try:
         cfg = _config(args)
+        gate = run_gate(args)
+        if gate.ran:
+            for node, reasons in gate.left_out.items():
+                print(f"left out {node}: {'; '.join(reasons)}", file=sys.stderr)
+            print(f"pre-flight passed: {', '.join(gate.names)}")
+            args.nodes, args.node_names = len(gate.names), ",".join(gate.names)
         names = node_names(args.nodes, [n.strip() for n in args.node_names.split(",")] if args.node_names else None)
         if args.print_torchrun:
             cfg = prepare(cfg, args.resume)
             print(cluster_command(cfg, args.nodes, args.min_nodes))
             return 0
         run = start_local_run(cfg, names, resume=args.resume, min_nodes=args.min_nodes, rdzv=args.rdzv)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except GateClosed as exc:
+        print(f"gridwatch train: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"gridwatch train: {exc}", file=sys.stderr)
         return 2
     # `kill` of this command stops the run cleanly, like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
