@@ -23,7 +23,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from measure import ROOT, cpu_percent_over, peak_rss_mb, stop_all  # noqa: E402
 
 BARE_LOOP = """
 import time, psutil
@@ -34,43 +37,17 @@ while True:
 """
 
 
-def measure(cmd: list[str], seconds: float, warmup: float = 5.0, env: dict | None = None) -> tuple[float, float]:
+def measure(cmd: list[str], seconds: float, warmup: float = 5.0) -> tuple[float, float]:
     """CPU % of one core over the window after warm-up, and peak RSS (MB) of the process tree."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
-        ps = psutil.Process(proc.pid)
         time.sleep(warmup)
-
-        def cpu() -> float:
-            total = 0.0
-            for p in [ps, *ps.children(recursive=True)]:
-                try:
-                    t = p.cpu_times()
-                    total += t.user + t.system
-                except psutil.Error:
-                    pass
-            return total
-
-        c0, t0 = cpu(), time.monotonic()
-        time.sleep(seconds)
-        c1, t1 = cpu(), time.monotonic()
-        peak = 0.0
-        for p in [ps, *ps.children(recursive=True)]:
-            try:
-                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak += int(line.split()[1]) / 1024
-            except OSError:
-                pass
+        cpu = cpu_percent_over(proc.pid, seconds)
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited early with {proc.returncode}")
-        return 100 * (c1 - c0) / (t1 - t0), peak
+        return cpu, peak_rss_mb(proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_all([proc])
 
 
 def main() -> int:

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from measure import ROOT, cpu_percent_over, start_swarm, stop_all  # noqa: E402
 
 RAW_READER = r"""
 import asyncio, sys, asyncssh
@@ -55,18 +57,6 @@ asyncio.run(main())
 """
 
 
-def cpu_of(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
-def window(proc: subprocess.Popen, seconds: float) -> float:
-    ps = psutil.Process(proc.pid)
-    c0, t0 = cpu_of(ps), time.monotonic()
-    time.sleep(seconds)
-    return 100 * (cpu_of(ps) - c0) / (time.monotonic() - t0)
-
-
 def main() -> int:
     # A terminated benchmark still stops the processes it started (finally blocks run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -80,18 +70,9 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-fanin-"))
     keys = init_keys(tmp / "keys")
-    swarms: list[subprocess.Popen] = []
     tail = raw = None
-    for start in range(0, args.agents, args.per_process):
-        count = min(args.per_process, args.agents - start)
-        swarms.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "benchmarks" / "swarm.py"), "--count", str(count), "--base-port", str(args.base_port + start),
-             "--keys", str(keys.dir)], stdout=subprocess.PIPE, text=True))
+    swarms = start_swarm(args.agents, args.base_port, keys.dir, args.per_process)
     try:
-        for s in swarms:
-            line = s.stdout.readline()
-            if not line.startswith("ready"):
-                raise RuntimeError("a swarm process did not start")
         spec = f"127.0.0.1:[{args.base_port}-{args.base_port + args.agents - 1}]"
         out = tmp / "tail.jsonl"
         tail = subprocess.Popen(
@@ -107,22 +88,15 @@ def main() -> int:
             time.sleep(2)
         time.sleep(5)  # let the connection storm settle
         lines0 = sum(1 for _ in out.open("rb"))
-        tail_cpu = window(tail, args.seconds)
+        tail_cpu = cpu_percent_over(tail.pid, args.seconds)
         rate = (sum(1 for _ in out.open("rb")) - lines0) / args.seconds
         tail.terminate()
         tail.wait(30)
         raw = subprocess.Popen([sys.executable, "-c", RAW_READER, str(args.base_port), str(args.agents), str(keys.viewer_key), str(keys.known_hosts)])
         time.sleep(40)
-        raw_cpu = window(raw, args.seconds)
+        raw_cpu = cpu_percent_over(raw.pid, args.seconds)
     finally:
-        for proc in (tail, raw):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
-        for s in swarms:
-            s.terminate()
-        for s in swarms:
-            s.wait(30)
+        stop_all([tail, raw, *swarms])
     seqs: dict[str, list[int]] = {}
     gaps = frames = 0
     for line in out.open("rb"):

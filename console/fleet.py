@@ -46,6 +46,7 @@ class NodeLink:
     last_error: str | None = None
     last_frame_at: float | None = None
     last_seq: int = 0
+    frames: int = 0  # frames received and decoded
     gaps: int = 0  # frames the agent no longer had when we asked
     bad_frames: int = 0
     hello: p.Hello | None = None
@@ -349,6 +350,7 @@ class Fleet:
             if link.bad_frames in (1, 10, 100) or link.bad_frames % 1000 == 0:
                 logger.bind(node=link.name).warning("bad frame #{}: {}", link.bad_frames, exc)
             return
+        link.frames += 1
         link.last_frame_at = self.options.clock()
         if link.state == LinkState.STALE:
             self._set(link, LinkState.CONNECTED)

@@ -127,8 +127,13 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
             s = store.summary()
             if (s.connected, s.total) != last_counts or loop.time() - last_summary >= 60:
                 last_summary, last_counts = loop.time(), (s.connected, s.total)
+                traffic = ""
+                if runtime.fleet is not None and hasattr(runtime.fleet, "links"):
+                    links_now = runtime.fleet.links.values()
+                    traffic = (f", frames {sum(l.frames for l in links_now)}, lost {sum(l.gaps for l in links_now)}, "
+                               f"bad {sum(l.bad_frames for l in links_now)}")
                 print(f"summary {s.connected}/{s.total} nodes connected, {s.gpus} GPUs, "
-                      f"oldest data {format_age(s.oldest_age_s)}", flush=True)
+                      f"oldest data {format_age(s.oldest_age_s)}{traffic}", flush=True)
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except TimeoutError:
