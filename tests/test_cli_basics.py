@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 
 from console.cli import build_parser
-from tests.conftest import ROOT, start_agent, stop_agent, wait_until
+from tests.conftest import ROOT, start_agent, stop_agent
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -103,3 +103,14 @@ async def test_tail_streams_json_and_records_a_trace(keys, tmp_path):
 def test_tail_with_a_missing_key_file_says_so(tmp_path):
     out = run_cli("tail", "--nodes", "127.0.0.1:1", "--key", str(tmp_path / "nope"), "--known-hosts", str(tmp_path / "kh"))
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_agent_settings_come_from_toml_and_flags_win(tmp_path):
+    from agents.config import load
+
+    cfg_file = tmp_path / "agent.toml"
+    cfg_file.write_text('[agent]\nnode-name = "gpu017"\ninterval = 2.5\nlog = ["/var/log/a.log", "/var/log/b.log"]\nsimulate_gpus = 8\n')
+    cfg = load(str(cfg_file), {"interval": 0.5, "listen": "127.0.0.1:9000", "log": None})
+    assert cfg.node_name == "gpu017" and cfg.simulate_gpus == 8
+    assert cfg.interval == 0.5 and cfg.listen_addr() == ("127.0.0.1", 9000)
+    assert cfg.log == ["/var/log/a.log", "/var/log/b.log"]
