@@ -9,6 +9,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from console.hostlist import HostlistError, expand
 from console.runtime import ConsoleRuntime
 from console.screens import (
     CommandLine,
@@ -46,6 +47,7 @@ class GridwatchApp(App[None]):
         self.tick_seconds = tick_seconds
         self.start_runtime = start_runtime
         self.note = ""  # the outcome of the last operator action, shown in the status bar
+        self.preflight_running = False
 
     def get_default_screen(self) -> Screen:
         return FleetScreen()
@@ -120,10 +122,12 @@ class GridwatchApp(App[None]):
             self.show_view("incidents")
         elif word in ("training", "train", "tr"):
             self.show_view("training")
+        elif word in ("preflight", "pre-flight", "pf"):
+            self.run_preflight(rest.strip() or None)
         elif word in ("q", "quit", "exit"):
             self.exit()
         else:
-            self.set_note(f"unknown command :{command} (try :nodes :logs :incidents :training)")
+            self.set_note(f"unknown command :{command} (try :nodes :logs :incidents :training :preflight)")
 
     def set_note(self, note: str) -> None:
         self.note = note
@@ -135,8 +139,45 @@ class GridwatchApp(App[None]):
         yield SystemCommand("Logs", "Events and log lines across nodes", lambda: self.show_view("logs"))
         yield SystemCommand("Incidents", "Open and recent incidents", lambda: self.show_view("incidents"))
         yield SystemCommand("Training", "The training run", lambda: self.show_view("training"))
+        yield SystemCommand("Pre-flight", "Check every connected node now (changes nothing)", self.run_preflight)
 
     # --------------------------------------------------------------- actions
+
+    def run_preflight(self, spec: str | None = None) -> None:
+        """Pre-flight the connected nodes (or the node set ``spec``) in the background; progress in the status bar."""
+        if self.preflight_running:
+            self.set_note("pre-flight is already running")
+            return
+        try:
+            nodes = expand(spec) if spec else None
+        except HostlistError as exc:
+            self.set_note(f"pre-flight: bad node set: {exc}")
+            return
+
+        def progress(done: int, total: int) -> None:
+            self.set_note(f"pre-flight: {done}/{total} nodes answered")
+
+        async def go() -> None:
+            try:
+                report = await self.runtime.preflight(nodes, progress)
+            except ValueError as exc:
+                self.set_note(f"pre-flight: {exc}")
+                return
+            except Exception as exc:  # noqa: BLE001 - shown to the operator; the console keeps going
+                logger.exception("pre-flight failed")
+                self.set_note(f"pre-flight could not run: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                self.preflight_running = False
+            failed = report.failed
+            outcome = f"pre-flight: {len(report.passed_nodes)} passed, {len(failed)} failed"
+            if failed:
+                outcome += " (" + ", ".join(sorted(failed)[:5]) + (" …" if len(failed) > 5 else "") + ")"
+            self.set_note(outcome)
+
+        self.preflight_running = True
+        self.set_note("pre-flight: starting")
+        self.run_worker(go(), group="preflight")
 
     def run_node_action(self, node: str, action: str, reason: str) -> None:
         """Send a confirmed action to a node in the background; its outcome lands in the status bar."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 from loguru import logger
 
 from agents.protocol import ActionResult, Frame, LogLine, Text
-from console.state import Clock, StateStore, SystemClock
+from console.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
 
 
 # ------------------------------------------------------------------------ incidents
@@ -365,6 +365,28 @@ class ConsoleRuntime:
             return []
         return await self.fleet.search(pattern, nodes, since, until, on_progress=on_progress)
 
+    async def preflight(self, nodes: list[str] | None = None,
+                        on_progress: Callable[[int, int], None] | None = None) -> Any:
+        """Pre-flight the connected nodes (those in ``nodes`` when given) and keep each result in the store.
+
+        Read-only is fine: the checks change nothing on a node. Returns the
+        ``console.preflight.PreflightReport``; ValueError when no connected node matches.
+        """
+        from console.preflight import PreflightOptions, preflight_fleet
+
+        if self.fleet is None or not hasattr(self.fleet, "links"):
+            raise ValueError("no fleet connected")
+        view = _ConnectedLinks(self.fleet, nodes)
+        if not view.links:
+            raise ValueError("no connected node matches" + (f" {', '.join(nodes)}" if nodes else ""))
+        # The all-reduce test would start torch on every node: the console's check stays light.
+        report = await preflight_fleet(view, PreflightOptions(comm=False, on_progress=on_progress))
+        now = self.store.clock.now()
+        for node in report.nodes:
+            checks = [CheckVerdict(name, check.ok, check.detail) for name, check in node.checks.items()]
+            self.store.set_preflight(node.endpoint, PreflightResult(now, node.ok, checks, node.error))
+        return report
+
     def acknowledge(self, incident_id: str, why: str) -> None:
         self._check_changes("acknowledge")
         assert self.incidents is not None
@@ -386,6 +408,31 @@ class ConsoleRuntime:
             raise PermissionError(f"cannot {what}: this console is read-only")
         if self.incidents is None and what != "act":
             raise PermissionError(f"cannot {what}: no incident store is attached")
+
+
+class _ConnectedLinks:
+    """The fleet seen through a node set: only connected links, the rest of the fleet as it is."""
+
+    def __init__(self, fleet: Any, nodes: list[str] | None) -> None:
+        self._fleet = fleet
+        wanted = set(nodes) if nodes else None
+        self.links = {
+            ep: link for ep, link in fleet.links.items()
+            if str(link.state) in ("connected", "stale")
+            and (wanted is None or link.name in wanted or str(ep) in wanted)
+        }
+
+    @property
+    def on_status(self) -> Callable[[Any], None]:
+        return self._fleet.on_status
+
+    @on_status.setter
+    def on_status(self, callback: Callable[[Any], None]) -> None:
+        self._fleet.on_status = callback
+
+    async def action(self, node: str, action: str, args: dict | None = None, reason: str = "",
+                     timeout: float = 30.0) -> ActionResult:
+        return await self._fleet.action(node, action, args, reason=reason, timeout=timeout)
 
 
 def _refused(node: str, action: str, message: str) -> ActionResult:

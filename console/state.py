@@ -8,7 +8,6 @@ series once per tick. Nothing here imports textual.
 from __future__ import annotations
 
 import re
-import time
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from agents.protocol import (
     TrainerStatus,
     clean_text,
 )
-from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine; re-exported
+from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
 from console.hostlist import HostlistError, expand
 
 HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
@@ -211,6 +210,46 @@ def aggregate(sample: Sample, xids: Counter[int]) -> GpuAggregate:
     return agg
 
 
+class PatrolStatus(StrEnum):
+    """The node's own patrol as its events tell it: the agent reports only transitions."""
+
+    UNKNOWN = "unknown"  # no patrol event seen since the console connected
+    OK = "ok"
+    FAILING = "failing"
+
+
+@dataclass(slots=True)
+class CheckVerdict:
+    """One check on one node: pass or fail, and why in one line."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(slots=True)
+class PatrolState:
+    """The last patrol transition of a node: which checks fail and why, and when that changed."""
+
+    status: PatrolStatus = PatrolStatus.UNKNOWN
+    failing: list[CheckVerdict] = field(default_factory=list)
+    changed_at: float | None = None  # console clock, when the event arrived
+
+
+@dataclass(slots=True)
+class PreflightResult:
+    """A node's last pre-flight as the console ran it: its verdict, each check, when."""
+
+    at: float  # console clock
+    ok: bool
+    checks: list[CheckVerdict] = field(default_factory=list)
+    error: str | None = None  # why the node could not be checked at all
+
+    @property
+    def failing(self) -> list[CheckVerdict]:
+        return [c for c in self.checks if not c.ok]
+
+
 @dataclass
 class NodeState:
     """Everything the console knows about one node; mutated only by :class:`StateStore`."""
@@ -235,6 +274,13 @@ class NodeState:
     logs: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=NODE_LOG_LINES))
     logs_subscribed: bool = False
     agg: GpuAggregate | None = None  # of ``sample``; None until needed again
+    patrol: PatrolState = field(default_factory=PatrolState)
+    preflight: PreflightResult | None = None
+
+    @property
+    def checks_failing(self) -> bool:
+        """The patrol or the last pre-flight says this node is sub-healthy."""
+        return self.patrol.status is PatrolStatus.FAILING or (self.preflight is not None and not self.preflight.ok)
 
     @property
     def stack_hash(self) -> str:
@@ -264,10 +310,16 @@ class NodeRow:
     step_time_s: float | None
     age_s: float | None
     error: str | None
+    patrol_failing: bool = False
+    preflight_failed: bool = False
 
     @property
     def flags(self) -> str:
         marks = []
+        if self.patrol_failing:
+            marks.append("patrol")
+        if self.preflight_failed:
+            marks.append("preflight")
         if self.isolated:
             marks.append("isolated")
         if self.mismatch:
@@ -284,7 +336,8 @@ def _sort_value(row: NodeRow, key: str) -> tuple:
     if key == "status":
         order = list(NodeStatus).index(row.status)
         # Problems first: a down node outranks a healthy isolated one.
-        return (0, order, not (row.isolated or row.mismatch or row.gpu_bad), row.name)
+        marked = row.isolated or row.mismatch or row.gpu_bad or row.patrol_failing or row.preflight_failed
+        return (0, order, not marked, row.name)
     value = {
         "util": row.util,
         "temp": row.temp_max,
@@ -316,13 +369,14 @@ class HeatmapNode:
     Only the lines on screen are drawn, so most nodes' values are never computed.
     """
 
-    __slots__ = ("name", "status", "isolated", "mismatch", "gpus", "_node", "_metric", "_values")
+    __slots__ = ("name", "status", "isolated", "mismatch", "checks_failing", "gpus", "_node", "_metric", "_values")
 
     def __init__(self, node: NodeState, status: NodeStatus, mismatch: bool, metric: Metric) -> None:
         self.name = node.name
         self.status = status
         self.isolated = node.isolated
         self.mismatch = mismatch
+        self.checks_failing = node.checks_failing
         sample = node.sample
         self.gpus = len(sample.gpus) if sample is not None else (len(node.hello.gpus) if node.hello else 0)
         self._node = node
@@ -449,6 +503,15 @@ def event_text(event: Event) -> str:
     return " ".join(parts)
 
 
+def patrol_failures(event: Event) -> list[CheckVerdict]:
+    """The failing checks a ``patrol_failed`` event names, each with its one-line reason."""
+    names = [n.strip() for n in str(event.details.get("checks", "")).split(",") if n.strip()]
+    if not names:
+        # An agent that named no checks still said the node is failing: keep its message.
+        return [CheckVerdict("patrol", False, str(event.message) or "patrol failed")]
+    return [CheckVerdict(n, False, str(event.details.get(n, "")) or "failed") for n in names]
+
+
 # --------------------------------------------------------------------------- store
 
 
@@ -515,7 +578,8 @@ class StateStore:
             node.gaps += max(frame.to_seq - frame.from_seq + 1, 0)
         elif isinstance(frame, Error):
             node.last_error = f"{frame.code}: {frame.message}" if frame.message else str(frame.code)
-        elif isinstance(frame, ActionResult) and not frame.ok:
+        elif isinstance(frame, ActionResult) and not frame.ok and frame.action != "preflight":
+            # A failed pre-flight is a verdict on the node, kept in ``preflight``, not a link error.
             node.last_error = f"{frame.action} failed: {frame.message}"
 
     def _apply_hello(self, node: NodeState, hello: Hello) -> None:
@@ -565,6 +629,18 @@ class StateStore:
             node.isolated = True
         elif event.kind == "unisolated":
             node.isolated = False
+        elif event.kind == "patrol_failed":
+            node.patrol = PatrolState(PatrolStatus.FAILING, patrol_failures(event), now)
+        elif event.kind == "patrol_recovered":
+            node.patrol = PatrolState(PatrolStatus.OK, [], now)
+
+    def set_preflight(self, key: str, result: PreflightResult) -> None:
+        """Record a node's pre-flight result (by connection key or agent name); kept for the session."""
+        node = self.nodes.get(key) or self.by_name(key)
+        if node is None:
+            return
+        node.preflight = result
+        self.generation += 1
 
     def add_log(self, name: str, line: LogLine, node: NodeState | None = None) -> None:
         """Append a streamed log line to the node's tail and the fleet's."""
@@ -652,6 +728,8 @@ class StateStore:
             step_time_s=agg.step_time_s,
             age_s=None if node.last_frame_at is None else max(now - node.last_frame_at, 0.0),
             error=node.link_error or node.last_error,
+            patrol_failing=node.patrol.status is PatrolStatus.FAILING,
+            preflight_failed=node.preflight is not None and not node.preflight.ok,
         )
 
     def node_rows(self, sort: str = "name", reverse: bool = False, filter_text: str = "") -> list[NodeRow]:
@@ -738,3 +816,6 @@ def _matches(
     if until is not None and entry.ts > until:
         return False
     return pattern is None or bool(pattern.search(entry.text) or pattern.search(entry.source))
+
+
+__all__ = ["Clock", "ManualClock", "StateStore", "SystemClock"]

@@ -8,7 +8,9 @@ import pytest
 
 from agents.protocol import Event, LogLine, Text
 from console.app import GridwatchApp
+from console.state import CheckVerdict, PreflightResult
 from tests.test_console_app import make_app, shown, wait_for
+from tests.test_state_checks import patrol_failed
 from tests.test_state import T0, make_sample, make_trainer
 
 SIZE = (160, 50)
@@ -30,6 +32,9 @@ def fleet_app() -> GridwatchApp:
     store.apply(Event(node=Text("node021"), kind=Text("xid"), severity=Text("critical"), gpu=4, code=79,
                       message=Text("GPU has fallen off the bus"), ts=T0))
     store.apply(make_sample("node021", 9, temp=88.0))
+    store.apply(patrol_failed("node021", gpus="GPU 4: fell off the bus (XID 79)"))
+    store.set_preflight("node030", PreflightResult(T0, False, [CheckVerdict("gpus", True, "8 GPUs healthy"),
+                                                               CheckVerdict("stack", False, "differs: torch 2.12.0 (baseline 2.13.0)")]))
     store.apply(LogLine(node=Text("node021"), source=Text("/var/log/trainer.log"), line=Text("step 1200 loss 2.31"),
                         line_ts=T0))
     for step in range(1, 80):

@@ -1,4 +1,4 @@
-"""The k9s-style ``:`` command line: ``:nodes``, ``:logs``, ``:incidents``, ``:training``, ``:node NAME``."""
+"""The k9s-style ``:`` command line: ``:nodes``, ``:logs``, ``:incidents``, ``:training``, ``:node NAME``, ``:preflight``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "logs": "events and log lines across nodes; search the agents",
     "incidents": "open and recent incidents, acknowledge, silence, act",
     "training": "the training run: loss, step time per rank, checkpoints",
+    "preflight [SPEC]": "check the connected nodes (or SPEC) now; results in the node view",
     "quit": "leave the console",
 }
 
@@ -23,7 +24,7 @@ class CommandLine(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="nodes | node NAME | logs | incidents | training | quit", id="command-input")
+        yield Input(placeholder="nodes | node NAME | logs | incidents | training | preflight [SPEC] | quit", id="command-input")
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()

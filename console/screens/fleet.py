@@ -18,7 +18,7 @@ from console.widgets.text_table import Cell
 NODE_COLUMNS = [
     Column("name", "NODE", 16),
     Column("status", "STATE", 10),
-    Column("flags", "FLAGS", 14),
+    Column("flags", "FLAGS", 18),
     Column("gpus", "GPUS", 5, "right"),
     Column("util", "UTIL", 5, "right"),
     Column("temp", "TEMP", 5, "right"),
@@ -76,6 +76,7 @@ class FleetScreen(ViewScreen):
         Binding("m", "metric", "Metric"),
         Binding("s", "sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
+        Binding("p", "preflight", "Pre-flight now"),
         Binding("tab", "switch_focus", "Heatmap/table", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -93,7 +94,7 @@ class FleetScreen(ViewScreen):
                 yield Static(id="heatmap-legend")
                 yield GpuHeatmap(id="heatmap")
             with Vertical(id="table-pane"):
-                yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (isolated, stack)",
+                yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (patrol, preflight, isolated, stack)",
                             id="fleet-filter")
                 yield TextTable(NODE_COLUMNS, id="node-table")
                 yield Static(id="node-detail")
@@ -168,6 +169,9 @@ class FleetScreen(ViewScreen):
     def action_reverse(self) -> None:
         self.reverse = not self.reverse
         self.refresh_view()
+
+    def action_preflight(self) -> None:
+        self.gw.run_preflight()
 
     def action_switch_focus(self) -> None:
         table = self.query_one("#node-table", TextTable)

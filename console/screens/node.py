@@ -1,4 +1,4 @@
-"""One node up close: per-GPU rows with sparklines, host sparklines, recent events, live log tail."""
+"""One node up close: per-GPU rows with sparklines, host sparklines, patrol and pre-flight, events, live log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,20 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from console.state import GPU_MEM, GPU_POWER, GPU_TEMP, GPU_UTIL, HOST_CPU, HOST_MEM, HOST_RX, HOST_TX, NodeState, event_text
+from console.state import (
+    GPU_MEM,
+    GPU_POWER,
+    GPU_TEMP,
+    GPU_UTIL,
+    HOST_CPU,
+    HOST_MEM,
+    HOST_RX,
+    HOST_TX,
+    CheckVerdict,
+    NodeState,
+    PatrolStatus,
+    event_text,
+)
 from console.screens.base import ViewScreen
 from console.screens.confirm import ConfirmScreen, Confirmed
 from console.widgets import Column, TextTable, format_age, format_rate, sparkline
@@ -47,6 +60,8 @@ SEVERITY_STYLES = {
     "info": Style(color="cyan"),
 }
 _BAD = Style(color="red", bold=True)
+_GOOD = Style(color="green")
+_MUTED = Style(color="grey50")
 
 
 def clock_time(ts: float) -> str:
@@ -125,6 +140,43 @@ def host_text(node: NodeState) -> Text:
     return text
 
 
+def _check_lines(text: Text, checks: list[CheckVerdict]) -> None:
+    for check in checks:
+        text.append(f"  {check.name:<9}", style="bold")
+        text.append("ok  " if check.ok else "FAIL", style=_GOOD if check.ok else _BAD)
+        text.append(f" {check.detail}\n")
+
+
+def checks_text(node: NodeState, now: float) -> Text:
+    """The node's patrol state and its last pre-flight, each failing check with its one-line reason."""
+    text = Text()
+    text.append("checks\n", style="bold")
+    patrol = node.patrol
+    text.append("patrol     ", style="bold")
+    age = "" if patrol.changed_at is None else f" for {format_age(max(now - patrol.changed_at, 0.0))}"
+    if patrol.status is PatrolStatus.FAILING:
+        text.append(f"FAILING{age}: {', '.join(c.name for c in patrol.failing)}\n", style=_BAD)
+        _check_lines(text, patrol.failing)
+    elif patrol.status is PatrolStatus.OK:
+        text.append(f"ok{age} (recovered)\n", style=_GOOD)
+    else:
+        text.append("no failure reported since connected\n", style=_MUTED)
+    result = node.preflight
+    text.append("preflight  ", style="bold")
+    if result is None:
+        text.append("not run this session (:preflight, or p in the fleet view)\n", style=_MUTED)
+        return text
+    ago = f" {format_age(max(now - result.at, 0.0))} ago"
+    if result.ok:
+        text.append(f"passed{ago}\n", style=_GOOD)
+    else:
+        failing = result.failing
+        what = result.error or f"{len(failing)} of {len(result.checks)} checks failed"
+        text.append(f"FAILED{ago}: {what}\n", style=_BAD)
+    _check_lines(text, result.checks)
+    return text
+
+
 class NodeScreen(ViewScreen):
     """Opened with enter on a node; streams that node's log lines while open."""
 
@@ -143,7 +195,9 @@ class NodeScreen(ViewScreen):
     def compose_view(self) -> ComposeResult:
         yield TextTable(GPU_COLUMNS, id="gpu-table")
         with Horizontal(id="node-lower"):
-            yield Static(id="host-panel")
+            with Vertical(id="host-pane"):
+                yield Static(id="host-panel")
+                yield Static(id="node-checks")
             with Vertical(id="node-events-pane"):
                 yield Static(Text("recent events", style="bold"), classes="pane-title")
                 yield TextTable(EVENT_COLUMNS, id="node-events")
@@ -170,6 +224,10 @@ class NodeScreen(ViewScreen):
             parts.append(("  ISOLATED", "bold cyan"))
         if self.store.stack_mismatch(node):
             parts.append(("  STACK DIFFERS", "bold magenta"))
+        if node.patrol.status is PatrolStatus.FAILING:
+            parts.append(("  PATROL FAILING", "bold red"))
+        if node.preflight is not None and not node.preflight.ok:
+            parts.append(("  PRE-FLIGHT FAILED", "bold red"))
         if node.hello is not None:
             parts.append(f"  agent {node.hello.agent_version}  stack {str(node.hello.stack.hash)[:12]}")
         if node.role:
@@ -183,6 +241,7 @@ class NodeScreen(ViewScreen):
         rows, keys = gpu_cells(node)
         self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
         self.query_one("#host-panel", Static).update(host_text(node))
+        self.query_one("#node-checks", Static).update(checks_text(node, self.store.clock.now()))
         events = list(node.events)[::-1]
         self.query_one("#node-events", TextTable).set_rows(
             [[(clock_time(r.event.ts or r.received_at), None),
