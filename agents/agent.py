@@ -89,6 +89,7 @@ class Agent:
         self.tailer = tailer
         self.metrics = metrics
         self.trainer = trainer
+        self.patrol: object | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
         self.notes = [p.Text(n) for n in (notes or [])]
         self.clock = clock
@@ -215,7 +216,11 @@ class Agent:
             dropped_frames=self.dropped_frames,
             tick_ms=self._tick_ms,
         )
-        self.publish(p.Sample(gpus=gpu_samples, host=host, agent=stats, trainer=trainer_status, isolated=self.isolated))
+        patrol_failing = None
+        if self.patrol is not None and getattr(self.patrol, "last", None) is not None:
+            patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]  # type: ignore[attr-defined]
+        self.publish(p.Sample(gpus=gpu_samples, host=host, agent=stats, trainer=trainer_status, isolated=self.isolated,
+                              patrol_failing=patrol_failing))
         for ev in events:
             self.publish(ev)
             if self.metrics is not None:

@@ -189,6 +189,9 @@ class Sample(Frame, tag="sample"):
     agent: AgentStats = msgspec.field(default_factory=AgentStats)
     trainer: TrainerStatus | None = None
     isolated: bool = False
+    # The agent's patrol: None when none runs, [] when every check passes,
+    # else the failing checks' names (the reasons come in patrol_failed events).
+    patrol_failing: list[Text] | None = None
 
 
 class Event(Frame, tag="event"):

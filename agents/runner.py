@@ -65,7 +65,7 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
             pass
     from agents.patrol import start_patrol
 
-    start_patrol(agent)  # None when patrol_interval is 0
+    agent.patrol = start_patrol(agent)  # None when patrol_interval is 0
     if ready is not None:
         ready.set()
     try:

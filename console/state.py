@@ -591,12 +591,27 @@ class StateStore:
         node.isolated = hello.isolated
         self._stack_dirty = True
 
+    @staticmethod
+    def _patrol_from_sample(node: NodeState, failing: list[str] | None, now: float) -> None:
+        """Samples say whether the patrol passes, so a healthy node reads ok, not unknown.
+
+        The reasons arrive with the patrol_failed event; a sample only fills in
+        what the console has not seen (it connected after the transition).
+        """
+        if failing is None:
+            return
+        if not failing and node.patrol.status is not PatrolStatus.OK:
+            node.patrol = PatrolState(PatrolStatus.OK, [], now)
+        elif failing and node.patrol.status is not PatrolStatus.FAILING:
+            node.patrol = PatrolState(PatrolStatus.FAILING, [CheckVerdict(str(n), False, "failing since before the console connected") for n in failing], now)
+
     def _apply_sample(self, node: NodeState, sample: Sample, now: float) -> None:
         node.sample = sample
         # Summed here, O(frame), so the UI tick only reads it.
         node.agg = aggregate(sample, node.xids)
         node.last_sample_at = now
         node.isolated = sample.isolated
+        self._patrol_from_sample(node, sample.patrol_failing, now)
         history = node.gpu_history
         for gpu in sample.gpus:
             while len(history) <= gpu.index:

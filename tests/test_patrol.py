@@ -82,3 +82,23 @@ async def test_started_patrol_publishes_on_a_running_agent(keys) -> None:
 def test_patrol_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="patrol interval must be positive"):
         Patrol(Agent(AgentConfig(node_name="n1")), interval=0.0)
+
+
+async def test_every_sample_says_whether_the_patrol_passes(tmp_path: Path) -> None:
+    agent = Agent(AgentConfig(node_name="n1", checkpoint_paths=[str(tmp_path)]), gpus=SimulatedGpus(2, seed=1))
+
+    def last_sample() -> p.Sample:
+        frames, _ = agent.ring.since(0)
+        return [f for f in map(p.decode_agent_frame, frames) if isinstance(f, p.Sample)][-1]
+
+    agent.tick()
+    assert last_sample().patrol_failing is None  # no patrol on this node
+    agent.patrol = Patrol(agent, interval=60.0, clock=lambda: 0.0)
+    agent.patrol.step(0.0)
+    agent.tick()
+    assert last_sample().patrol_failing == []
+    agent.gpus.inject("ecc-dbe", gpu=1)
+    agent.tick()
+    agent.patrol.step(60.0)
+    agent.tick()
+    assert last_sample().patrol_failing == ["gpus"]

@@ -67,3 +67,18 @@ def test_a_failed_preflight_is_kept_by_connection_key_and_flags_the_node(store: 
     assert {r.name: r.flags for r in store.node_rows()} == {"node01": "", "node02": "", "node03": "preflight"}
     store.set_preflight("node03", PreflightResult(store.clock.now(), True, []))
     assert store.node_rows()[2].flags == ""
+
+
+def test_samples_tell_a_passing_patrol_from_no_news():
+    from agents.protocol import Hello, Sample, Text
+    from console.state import ManualClock, PatrolStatus, StateStore
+
+    store = StateStore(ManualClock(1_700_000_000.0))
+    store.apply(Hello(node=Text("n1")), key="n1")
+    store.apply(Sample(node=Text("n1"), seq=1), key="n1")
+    assert store.by_name("n1").patrol.status is PatrolStatus.UNKNOWN  # no patrol runs there
+    store.apply(Sample(node=Text("n1"), seq=2, patrol_failing=[]), key="n1")
+    assert store.by_name("n1").patrol.status is PatrolStatus.OK
+    store.apply(Sample(node=Text("n1"), seq=3, patrol_failing=[Text("storage")]), key="n1")
+    node = store.by_name("n1")
+    assert node.patrol.status is PatrolStatus.FAILING and [v.name for v in node.patrol.failing] == ["storage"]
