@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--skip-playbook", action="append", default=[], metavar="NAME",
                       help="leave a shipped playbook out (repeatable); e.g. straggler-persistent on a box whose "
                       "CPUs the workers share, where every rank looks slow now and then")
+    demo.add_argument("--watch-only", action="store_true",
+                      help="playbooks make incidents but send no step that acts (isolate, restart, ...): a baseline")
     demo.set_defaults(func=_demo)
 
     fault = sub.add_parser(
@@ -84,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
         cluster=ClusterOptions(nodes=args.nodes, gpus=args.gpus, interval=args.interval, trainer=not args.no_trainer,
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
-        skip_playbooks=tuple(args.skip_playbook),
+        skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only,
     )
     _quiet_logs(args.dir)
     try:

@@ -16,6 +16,8 @@ from playbooks.plans import Plan
 ActionCallback = Callable[[str, str, ActionResult], None]
 ArgsHook = Callable[[str, str, dict[str, Any]], dict[str, Any]]
 PlanCallback = Callable[[Plan], None]
+# Agent actions that change the job or the node; a watching-only sink refuses these.
+ACTING_ACTIONS: frozenset[str] = frozenset({"isolate", "checkpoint_now", "pause", "restart_from", "leave"})
 
 
 class Acting(Protocol):
@@ -29,16 +31,21 @@ class FleetSink:
     """The executor's ActionSink over the fleet: each playbook step becomes an operator action on an agent."""
 
     def __init__(self, fleet: Acting, on_action: ActionCallback | None = None, timeout: float = 30.0,
-                 args_hook: ArgsHook | None = None) -> None:
+                 args_hook: ArgsHook | None = None, acting: bool = True) -> None:
         self.fleet = fleet
         self.on_action = on_action
         self.timeout = timeout
         self.args_hook = args_hook
+        self.acting = acting
 
     async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
         if self.args_hook is not None:
             args = self.args_hook(node, action, args)
-        result = await self.fleet.action(node, action, args, reason, timeout=self.timeout)
+        if not self.acting and action in ACTING_ACTIONS:
+            # A baseline run: incidents are made and recorded, the job is left to itself.
+            result = ActionResult(id="", action=action, ok=False, message="not sent: playbooks only watch in this run")
+        else:
+            result = await self.fleet.action(node, action, args, reason, timeout=self.timeout)
         if self.on_action is not None:
             self.on_action(node, action, result)
         return result

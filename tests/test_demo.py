@@ -13,7 +13,7 @@ import pytest
 from console.demo.chaos import Chaos, FaultSpec
 from console.demo.progress import StepPoint, TrainingWatch
 from console.demo.summary import FaultRecord, IncidentFacts, goodput, steps_lost, summarize
-from tests.conftest import wait_until
+from tests.conftest import wait_until, wait_until_sync
 
 PY = sys.executable
 
@@ -148,3 +148,67 @@ async def test_demo_without_trainer_takes_faults_by_node_name_and_leaves_no_proc
     gone = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert gone == []
     assert not (tmp_path / "demo" / "demo.json").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_demo_killed_outright_takes_every_process_it_started_with_it(tmp_path: Path) -> None:
+    from console.demo.cluster import trainer_unavailable
+
+    demo_dir = tmp_path / "demo"
+    argv = [PY, "-m", "console", "demo", "--headless", "--duration", "600", "--nodes", "2", "--gpus", "1",
+            "--interval", "0.5", "--dir", str(demo_dir)]
+    with_trainer = trainer_unavailable() is None
+    if with_trainer:
+        argv += ["--train-arg=--dim=32", "--train-arg=--heads=2", "--train-arg=--layers=1",
+                 "--train-arg=--micro-batches=1"]
+    else:
+        argv.append("--no-trainer")
+    demo = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def tree() -> list[psutil.Process]:
+            try:
+                return psutil.Process(demo.pid).children(recursive=True)
+            except psutil.Error:
+                return []
+
+        def workers_up() -> bool:
+            # Every node's worker serves its control socket once it trains.
+            names = " ".join(_cmdline(p) for p in tree())
+            return names.count("trainer.worker") >= 4 and len(list((demo_dir / "run" / "control").glob("*.sock"))) == 2
+
+        if with_trainer:
+            wait_until_sync(workers_up, 90, "two torchrun agents and their workers")
+        else:
+            wait_until_sync(lambda: len(tree()) >= 2, 60, "the two agents")
+        started = tree()
+        demo.kill()
+        demo.wait(10)
+
+        def survivors() -> list[str]:
+            alive = []
+            for proc in started:
+                try:
+                    if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(_cmdline(proc)[:120])
+                except psutil.Error:
+                    pass
+            return alive
+
+        wait_until_sync(lambda: not survivors(), 45, "every process the demo started to exit")
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for proc in psutil.process_iter():
+            if str(demo_dir) in _cmdline(proc):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -16,12 +17,19 @@ from loguru import logger
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # If the demo itself is killed outright, its children go too (Linux only; best effort).
+def _die_with_parent(parent: int) -> None:
+    """Runs in the child before exec: it dies with the demo, and hears Ctrl-C as the demo does."""
+    # A demo started in the background (`cmd &`) inherits SIGINT ignored, and so would
+    # the trainer, whose clean stop is SIGINT: give it the default action back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # If the demo itself is killed outright, its children go too (Linux only). The
+    # signal follows the thread that forked, so spawn() is only called from the main thread.
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(1)  # the demo died before the signal was armed
 
 
 @dataclass
@@ -52,7 +60,7 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
     logger.bind(node=name).debug("started pid {}: {}", proc.pid, " ".join(argv))
     return Child(name, proc, log_path)

@@ -33,6 +33,7 @@ class DemoOptions:
     seed: int | None = None
     tick_interval: float = 0.5
     skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
+    act: bool = True  # False: incidents are made, but no step that changes the job or a node is sent
 
 
 class DemoSession:
@@ -91,10 +92,12 @@ class DemoSession:
         if unknown:
             raise RuntimeError(f"no shipped playbook named {', '.join(sorted(unknown))}")
         self.engine = Engine(playbooks, SystemClock())
-        executor = Executor(self.store, FleetSink(self.fleet, on_action=self._on_action, args_hook=self._checkpoint_step), who="playbook")
+        executor = Executor(self.store, FleetSink(self.fleet, on_action=self._on_action, args_hook=self._checkpoint_step,
+                                       acting=self.options.act), who="playbook")
         self.supervisor = Supervisor(self.engine, executor, on_plan=self._on_plan,
                                      tick_interval=self.options.tick_interval)
-        self._progress(f"{len(playbooks)} playbooks active; incidents and audit in {self.dir / 'incidents.db'}")
+        mode = "active" if self.options.act else "watching only (no step that acts is sent)"
+        self._progress(f"{len(playbooks)} playbooks {mode}; incidents and audit in {self.dir / 'incidents.db'}")
         self.started_at = self.clock()
 
     async def attach(self) -> None:

@@ -1,0 +1,100 @@
+"""Goodput in a chaos soak: a headless demo with a random fault about every minute, playbooks acting vs watching.
+
+Runs ``gridwatch demo --headless --chaos --json`` for ``--minutes`` (default 10),
+then, unless ``--no-baseline``, the same soak (same seed, so the same fault
+choices) with ``--watch-only``: incidents are made but no step that acts is
+sent. Prints each run's incidents and a table of goodput (productive training
+time over wall time, from the demo's summary) with the ratio; ``--out`` keeps
+both summaries as JSON.
+
+    .venv/bin/python benchmarks/bench_soak.py --minutes 10 --out /tmp/soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
+
+
+def soak(minutes: float, every: float, seed: int, nodes: int, watch_only: bool, keep: Path | None) -> dict:
+    directory = keep or Path(tempfile.mkdtemp(prefix="gridwatch-soak-"))
+    argv = [sys.executable, "-m", "console", "demo", "--headless", "--json", "--chaos",
+            "--duration", f"{minutes * 60:g}", "--fault-every", f"{every:g}", "--seed", str(seed),
+            "--nodes", str(nodes), "--gpus", "2", "--interval", "0.5", "--dir", str(directory),
+            *(f"--train-arg={a}" for a in TINY_TRAINER)]
+    if watch_only:
+        argv.append("--watch-only")
+    started = time.time()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=minutes * 60 + 300)
+    (directory / "soak-output.txt").write_text(proc.stdout + proc.stderr)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"the soak failed (exit {proc.returncode}); output in {directory / 'soak-output.txt'}")
+    summary = json.loads(lines[-1])
+    summary["mode"] = "watch-only" if watch_only else "acting"
+    summary["dir"] = str(directory)
+    summary["measured_wall_s"] = round(time.time() - started, 1)
+    return summary
+
+
+def show(summary: dict) -> None:
+    print(f"## {summary['mode']}: {summary['faults']} faults, {len(summary['incidents'])} incidents, "
+          f"goodput {fmt_pct(summary['goodput'])}, last step {summary['steps']}, steps lost {summary['steps_lost']}")
+    for row in summary["incidents"]:
+        print(f"  {row['node']} {row['playbook']:<20} fault={row['fault'] or '-':<14} "
+              f"detected={fmt_s(row['detected_s'])} recovered={fmt_s(row['recovered_s'])} "
+              f"actions={','.join(row['actions']) or '-'}")
+    for note in summary.get("notes", []):
+        print(f"  note: {note}")
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f} %"
+
+
+def fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--fault-every", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the watch-only soak")
+    parser.add_argument("--keep", metavar="DIR", help="keep each soak's demo directory under DIR")
+    parser.add_argument("--out", metavar="PATH", help="write both summaries as JSON here")
+    args = parser.parse_args()
+    keep = Path(args.keep) if args.keep else None
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"{args.nodes} nodes x 2 simulated GPUs, tiny trainer {' '.join(TINY_TRAINER)}")
+    runs = []
+    for watch_only in (False, True) if not args.no_baseline else (False,):
+        where = keep / ("watch-only" if watch_only else "acting") if keep else None
+        runs.append(soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where))
+        show(runs[-1])
+        if args.out:
+            Path(args.out).write_text(json.dumps(runs, indent=1))
+    print("\n| run | wall | faults | incidents | goodput | steps | steps lost |")
+    print("|---|---|---|---|---|---|---|")
+    for run in runs:
+        print(f"| {run['mode']} | {run['wall_s']:.0f} s | {run['faults']} | {len(run['incidents'])} | "
+              f"{fmt_pct(run['goodput'])} | {run['steps']} | {run['steps_lost']} |")
+    if len(runs) == 2 and runs[0]["goodput"] and runs[1]["goodput"]:
+        print(f"\nratio acting / watch-only goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
