@@ -133,4 +133,6 @@ def test_controls_then_frozen_peer_recovers_exactly(tmp_path: Path, reference: d
     finish(run)
     assert losses(tmp_path / "run") == reference
     log = (tmp_path / "run" / "logs" / "node-1.log").read_text()
-    assert "no progress for" in log
+    # Caught by the progress deadline, or (on a loaded machine) by the rendezvous
+    # noticing the frozen agent first: either way node-1 went on from a checkpoint.
+    assert "no progress for" in log or "restored step" in log
