@@ -18,6 +18,8 @@ ArgsHook = Callable[[str, str, dict[str, Any]], dict[str, Any]]
 PlanCallback = Callable[[Plan], None]
 # Agent actions that change the job or the node; a watching-only sink refuses these.
 ACTING_ACTIONS: frozenset[str] = frozenset({"isolate", "checkpoint_now", "pause", "restart_from", "leave"})
+# How an agent says its node's trainer has no control socket right now (agents.trainer_link).
+TRAINER_ABSENT = "no trainer is listening"
 
 
 class Acting(Protocol):
@@ -31,12 +33,15 @@ class FleetSink:
     """The executor's ActionSink over the fleet: each playbook step becomes an operator action on an agent."""
 
     def __init__(self, fleet: Acting, on_action: ActionCallback | None = None, timeout: float = 30.0,
-                 args_hook: ArgsHook | None = None, acting: bool = True) -> None:
+                 args_hook: ArgsHook | None = None, acting: bool = True, trainer_wait: float = 30.0,
+                 retry_every: float = 0.5) -> None:
         self.fleet = fleet
         self.on_action = on_action
         self.timeout = timeout
         self.args_hook = args_hook
         self.acting = acting
+        self.trainer_wait = trainer_wait
+        self.retry_every = retry_every
 
     async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
         if self.args_hook is not None:
@@ -45,10 +50,27 @@ class FleetSink:
             # A baseline run: incidents are made and recorded, the job is left to itself.
             result = ActionResult(id="", action=action, ok=False, message="not sent: playbooks only watch in this run")
         else:
-            result = await self.fleet.action(node, action, args, reason, timeout=self.timeout)
+            result = await self._send(node, action, args, reason)
         if self.on_action is not None:
             self.on_action(node, action, result)
         return result
+
+
+    async def _send(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        """Send once; a restart that finds the node's trainer between two lives waits for the next one.
+
+        A node leaving makes the others re-form: for a second or more no worker
+        serves the control socket, and a restart sent then would fail although
+        the job is about to train again.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.trainer_wait
+        while True:
+            result = await self.fleet.action(node, action, args, reason, timeout=self.timeout)
+            if (result.ok or action != "restart_from" or TRAINER_ABSENT not in str(result.message)
+                    or loop.time() >= deadline):
+                return result
+            await asyncio.sleep(self.retry_every)
 
 
 class Supervisor:
