@@ -20,6 +20,8 @@ import msgspec
 import torch
 import torch.distributed.checkpoint as dcp
 
+from agents.procs import pid_alive
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 _PREFIX = "step-"
@@ -230,17 +232,7 @@ def clean_partials(root: Path) -> list[Path]:
         return []
     for p in stale:
         pid = p.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue
         shutil.rmtree(p, ignore_errors=True)
     return stale
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
