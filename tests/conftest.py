@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,6 +46,17 @@ def wait_until_sync(cond: Callable[[], object], timeout: float = 10.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tier0_cleanup():
+    """Interrupted test runs keep their RAM tier for a resume; the suite gives it back at the end."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("gw-*")) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for path in set(shm.glob("gw-*")) - before:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import faulthandler
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -377,6 +378,9 @@ class Worker:
         self.ckpt.stop()
         dist.barrier()
         self.phase = "done"
+        # Tier 0 is a RAM cache for resuming; a finished run keeps its last
+        # checkpoint in tiers 1 and 2 and gives the memory back.
+        shutil.rmtree(self.cfg.tier_root(0, self.node), ignore_errors=True)
         if self.rank == 0:
             self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
         self.server.stop()
