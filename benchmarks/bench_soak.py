@@ -26,12 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
 
 
-def soak(minutes: float, every: float, seed: int, nodes: int, watch_only: bool, keep: Path | None) -> dict:
+def soak(minutes: float, every: float, seed: int, nodes: int, watch_only: bool, keep: Path | None,
+         trainer: list[str]) -> dict:
     directory = keep or Path(tempfile.mkdtemp(prefix="gridwatch-soak-"))
     argv = [sys.executable, "-m", "console", "demo", "--headless", "--json", "--chaos",
             "--duration", f"{minutes * 60:g}", "--fault-every", f"{every:g}", "--seed", str(seed),
             "--nodes", str(nodes), "--gpus", "2", "--interval", "0.5", "--dir", str(directory),
-            *(f"--train-arg={a}" for a in TINY_TRAINER)]
+            *(f"--train-arg={a}" for a in trainer)]
     if watch_only:
         argv.append("--watch-only")
     started = time.time()
@@ -73,16 +74,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-baseline", action="store_true", help="skip the watch-only soak")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"the tiny trainer of the loop tests ({' '.join(TINY_TRAINER)}) instead of the demo's own")
     parser.add_argument("--keep", metavar="DIR", help="keep each soak's demo directory under DIR")
     parser.add_argument("--out", metavar="PATH", help="write both summaries as JSON here")
     args = parser.parse_args()
     keep = Path(args.keep) if args.keep else None
+    trainer = TINY_TRAINER if args.tiny else []
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{args.nodes} nodes x 2 simulated GPUs, tiny trainer {' '.join(TINY_TRAINER)}")
+          f"{args.nodes} nodes x 2 simulated GPUs, trainer {' '.join(trainer) or 'as gridwatch demo runs it'}")
     runs = []
     for watch_only in (False, True) if not args.no_baseline else (False,):
         where = keep / ("watch-only" if watch_only else "acting") if keep else None
-        runs.append(soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where))
+        runs.append(soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where, trainer))
         show(runs[-1])
         if args.out:
             Path(args.out).write_text(json.dumps(runs, indent=1))

@@ -255,3 +255,29 @@ async def test_a_watch_only_sink_sends_no_step_that_acts() -> None:
     assert not (await sink.act("node-2", "isolate", {}, "xid 79")).ok
     assert (await sink.act("node-2", "capture_scene", {}, "xid 79")).ok
     assert fleet.sent == ["capture_scene"]
+
+
+async def test_chaos_repair_puts_the_node_back_and_its_next_fault_is_a_new_incident(tmp_path: Path) -> None:
+    from console.demo.cluster import ClusterOptions
+    from console.demo.session import DemoOptions, DemoSession
+
+    # chaos_every long enough never to fire by itself: only the repairs of the faults below run.
+    session = DemoSession(DemoOptions(cluster=ClusterOptions(nodes=2, gpus=1, interval=0.5, trainer=False),
+                                      directory=str(tmp_path / "demo"), chaos_every=3600, repair_after=1.5,
+                                      tick_interval=0.25))
+    try:
+        await session.start()
+        await session.attach()
+        await session.wait_connected(timeout=30)
+        assert (await session.inject("node-2", FaultSpec("xid", 79))).ok
+        await wait_until(lambda: any(i.playbook == "xid-hardware" for i in session.store.incidents()), 15, "an incident")
+        first = next(i for i in session.store.incidents() if i.playbook == "xid-hardware")
+        await wait_until(lambda: session.store.incident(first.id).state == "resolved", 30, "the repair to close it")
+        await wait_until(lambda: not any(n.out for n in session.engine.nodes.values()), 15, "node-2 back in service")
+        # Incident ids carry the second they opened in: the next one must not share it.
+        await wait_until(lambda: int(session.clock()) > int(first.detected_at), 2, "the next second")
+        assert (await session.inject("node-2", FaultSpec("xid", 48))).ok
+        await wait_until(lambda: len([i for i in session.store.incidents() if i.playbook == "xid-hardware"]) == 2,
+                         15, "a second incident for the second fault")
+    finally:
+        await session.close()

@@ -201,6 +201,13 @@ class DemoSession:
             if not result.ok:
                 self.say(f"{self._stamp()} repair: {action} on {node} FAILED {result.message}")
                 return
+        # The technician closes the node's tickets: its next fault is a new incident, not a repeat.
+        for incident in list(self.engine.incidents()):
+            if incident.node == node and self.engine.resolve(incident.id):
+                try:
+                    self.store.resolve(incident.id, "demo-repair", "node fixed and back in service")
+                except LookupError:
+                    pass  # never planned, so never stored
         self.say(f"{self._stamp()} repair: {node} back in service")
 
     # ------------------------------------------------------------- training
