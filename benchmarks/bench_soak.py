@@ -2,7 +2,7 @@
 
 Runs ``gridwatch demo --headless --chaos --json`` for ``--minutes`` (default 10),
 then, unless ``--no-baseline``, the same soak (same seed, so the same fault
-choices) with ``--watch-only``: incidents are made but no step that acts is
+choices; after it, or beside it with ``--parallel``) with ``--watch-only``: incidents are made but no step that acts is
 sent. Prints each run's incidents and a table of goodput (productive training
 time over wall time, from the demo's summary) with the ratio; ``--out`` keeps
 both summaries as JSON.
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +75,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-baseline", action="store_true", help="skip the watch-only soak")
+    parser.add_argument("--parallel", action="store_true", help="run the two soaks at the same time")
     parser.add_argument("--tiny", action="store_true",
                         help=f"the tiny trainer of the loop tests ({' '.join(TINY_TRAINER)}) instead of the demo's own")
     parser.add_argument("--keep", metavar="DIR", help="keep each soak's demo directory under DIR")
@@ -83,13 +85,22 @@ def main() -> int:
     trainer = TINY_TRAINER if args.tiny else []
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{args.nodes} nodes x 2 simulated GPUs, trainer {' '.join(trainer) or 'as gridwatch demo runs it'}")
-    runs = []
-    for watch_only in (False, True) if not args.no_baseline else (False,):
+    modes = (False, True) if not args.no_baseline else (False,)
+
+    def one(watch_only: bool) -> dict:
         where = keep / ("watch-only" if watch_only else "acting") if keep else None
-        runs.append(soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where, trainer))
-        show(runs[-1])
-        if args.out:
-            Path(args.out).write_text(json.dumps(runs, indent=1))
+        return soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where, trainer)
+
+    if args.parallel:
+        # Both soaks share the machine at once: each sees the same load, and it takes half the time.
+        with ThreadPoolExecutor(len(modes)) as pool:
+            runs = list(pool.map(one, modes))
+    else:
+        runs = [one(m) for m in modes]
+    for run in runs:
+        show(run)
+    if args.out:
+        Path(args.out).write_text(json.dumps(runs, indent=1))
     print("\n| run | wall | faults | incidents | goodput | steps | steps lost |")
     print("|---|---|---|---|---|---|---|")
     for run in runs:
