@@ -73,11 +73,11 @@ def stall(points: list[StepPoint], t0: float, end: float) -> tuple[float, float 
     stalled, last_gap_end = 0.0, None
     for a, b in zip(marks, marks[1:]):
         if b - a > GAP_S:
-            stalled += b - a
+            stalled += b - max(a, t0)  # a stall an earlier fault left counts from this fault on
             last_gap_end = b
     tail_start = marks[-1]
     if end - tail_start > GAP_S:
-        return stalled + end - tail_start, None  # still stalled when the window closed
+        return stalled + end - max(tail_start, t0), None  # still stalled when the window closed
     if last_gap_end is None:
         return stalled, 0.0
     later = [p for p in after if p.at >= last_gap_end]
