@@ -397,6 +397,16 @@ def _setup_logging(node: str) -> None:
     logger.add(sys.stderr, format=fmt, level=os.environ.get("GRIDWATCH_LOG_LEVEL", "INFO"))
 
 
+def _init_limit(cfg: TrainConfig) -> float:
+    return max(30.0, 2 * cfg.progress_deadline_s)
+
+
+def _init_timed_out(node: str, limit: float) -> None:
+    logger.bind(node=node).error("the process group did not form within {:.0f} s; exiting so the job re-forms", limit)
+    logger.complete()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer.worker")
     parser.add_argument("--run-dir", required=True)
@@ -415,7 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
+    # Forming the group can wait far past ``timeout`` when the rendezvous still
+    # counts a node that just left (gloo's full-mesh connect waits for it): give
+    # up and exit, so torchrun re-forms without it.
+    watchdog = threading.Timer(_init_limit(cfg), _init_timed_out, args=(node, _init_limit(cfg)))
+    watchdog.daemon = True
+    watchdog.start()
     dist.init_process_group(backend, timeout=timeout)
+    watchdog.cancel()
     try:
         worker = Worker(cfg, node)
         return worker.run()
