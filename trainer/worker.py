@@ -407,7 +407,21 @@ def _init_timed_out(node: str, limit: float) -> None:
     os._exit(1)
 
 
+def _die_with_agent() -> None:
+    """A worker whose torchrun agent died must not train on alone under pid 1."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent or parent == 1:  # the agent died before the prctl took hold
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_agent()
     parser = argparse.ArgumentParser(prog="trainer.worker")
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
