@@ -376,6 +376,16 @@ class Engine:
     def _playbook(self, name: str) -> Playbook | None:
         return next((pb for pb in self.playbooks if pb.name == name), None)
 
+    def _new_id(self, base: str) -> str:
+        """``base``, or ``base-2``, ``base-3``... when an incident opened in the same second holds it."""
+        taken = set(self._by_id) | {inc.id for inc in self._closed}
+        if base not in taken:
+            return base
+        n = 2
+        while f"{base}-{n}" in taken:
+            n += 1
+        return f"{base}-{n}"
+
     def _scope_key(self, pb: Playbook, symptom: _Symptom) -> str:
         node = self.nodes.get(symptom.node)
         if pb.scope == "job":
@@ -432,7 +442,7 @@ class Engine:
         if target != symptom.node:
             symptom.summary += f" (acting on {target})"
         incident = Incident(
-            id=f"{pb.name}:{key}:{int(now)}", playbook=pb.name, kind=pb.kind, severity=pb.severity,
+            id=self._new_id(f"{pb.name}:{key}:{int(now)}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
             scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,
             job=node_state.job if node_state else "", summary=symptom.summary, opened_at=now,
             last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",

@@ -177,3 +177,21 @@ def test_a_straggler_report_naming_an_unknown_node_blames_nobody() -> None:
         engine.observe("node2", Sample(node="node2"))
         assert _straggler(engine, "node1", "gpu-host-9", step) == []
     assert engine.incidents() == []
+
+
+def test_a_new_incident_in_the_same_second_gets_its_own_id():
+    from agents.protocol import Event, Hello, Text
+    from playbooks.clock import ManualClock
+    from playbooks.engine import Engine
+    from playbooks.loader import load_builtin
+
+    clock = ManualClock(1000.0)
+    engine = Engine(load_builtin(), clock)
+    engine.observe("n1", Hello(node=Text("n1"), ts=1000.0))
+    xid13 = Event(node=Text("n1"), kind=Text("xid"), code=13, gpu=0, ts=1000.0)
+    engine.observe("n1", xid13)
+    (first,) = engine.incidents()
+    engine.resolve(first.id)
+    engine.observe("n1", xid13)
+    ids = [inc.id for inc in engine.incidents(include_closed=True)]
+    assert len(ids) == 2 and len(set(ids)) == 2
