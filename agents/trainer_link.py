@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
@@ -16,10 +17,21 @@ from agents import protocol as p
 
 
 class TrainerLink:
-    def __init__(self, socket_path: str, interval: float = 1.0, timeout: float = 2.0) -> None:
+    """Polls the trainer; says ``trainer_exit`` once it has been silent for ``grace`` seconds.
+
+    The grace keeps a planned re-formation (workers restarting after a node
+    left, a few seconds) from paging; a crash that torchrun does not heal, a
+    frozen trainer or a re-formation that hangs outlasts it.
+    """
+
+    def __init__(self, socket_path: str, interval: float = 1.0, timeout: float = 2.0, grace: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.socket_path = socket_path
         self.interval = interval
         self.timeout = timeout
+        self.grace = grace
+        self.clock = clock
+        self._silent_since: float | None = None
         self.status: p.TrainerStatus | None = None
         self.attached = False
         self._events: list[p.Event] = []
@@ -53,31 +65,45 @@ class TrainerLink:
         return {"ok": reply.ok, "message": str(reply.message)}
 
     async def _poll_forever(self) -> None:
-        from trainer.control import events_after, read_status
+        from trainer.control import read_status
 
         while True:
             try:
                 status = await read_status(self.socket_path, timeout=self.timeout)
             except (OSError, TimeoutError, ValueError) as exc:
-                if self.attached:
-                    self.attached = False
-                    logger.warning("trainer at {} stopped answering: {}", self.socket_path, exc or type(exc).__name__)
-                    self._events.append(
-                        p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
-                                message=p.Text(f"the local trainer stopped answering ({exc or type(exc).__name__})"))
-                    )
-                    if self.status is not None:
-                        self.status.phase = p.Text("gone")
+                self.unanswered(str(exc) or type(exc).__name__)
             else:
-                if not self.attached:
-                    logger.info("trainer attached at {}", self.socket_path)
-                self.attached = True
-                self.last_ok = time.time()
-                fresh = events_after(status, self._seen_event_seq)
-                if fresh:
-                    self._seen_event_seq = max(e.seq for e in fresh)
-                    # Re-numbered when the agent publishes them into its own stream.
-                    self._events.extend(fresh)
-                status.events = []  # relayed once as events, not again in every sample
-                self.status = status
+                self.answered(status)
             await asyncio.sleep(self.interval)
+
+    def unanswered(self, why: str) -> None:
+        """One poll got no status."""
+        now = self.clock()
+        if self._silent_since is None:
+            self._silent_since = now
+        if self.attached and now - self._silent_since >= self.grace:
+            self.attached = False
+            logger.warning("trainer at {} stopped answering for {:.0f} s: {}", self.socket_path, now - self._silent_since, why)
+            self._events.append(
+                p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
+                        message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s ({why})"))
+            )
+            if self.status is not None:
+                self.status.phase = p.Text("gone")
+
+    def answered(self, status: p.TrainerStatus) -> None:
+        """One poll got a status: relay it, and its new events once."""
+        from trainer.control import events_after
+
+        self._silent_since = None
+        if not self.attached:
+            logger.info("trainer attached at {}", self.socket_path)
+        self.attached = True
+        self.last_ok = time.time()
+        fresh = events_after(status, self._seen_event_seq)
+        if fresh:
+            self._seen_event_seq = max(e.seq for e in fresh)
+            # Re-numbered when the agent publishes them into its own stream.
+            self._events.extend(fresh)
+        status.events = []  # relayed once as events, not again in every sample
+        self.status = status

@@ -53,3 +53,22 @@ async def test_no_trainer_is_a_clear_answer(agent, keys):
         assert not crash.ok and "no local trainer" in crash.message
     finally:
         await fleet.stop()
+
+
+def test_a_trainer_is_reported_gone_only_after_the_grace():
+    from agents.trainer_link import TrainerLink
+
+    t = [0.0]
+    link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5))
+    for t[0] in (1.0, 5.0, 10.0):  # workers restarting after a planned re-formation
+        link.unanswered("no trainer is listening")
+    assert link.take_events() == [] and link.attached
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=9))
+    for t[0] in (20.0, 30.0, 36.0):  # gone for good
+        link.unanswered("no trainer is listening")
+    events = link.take_events()
+    assert [e.kind for e in events] == ["trainer_exit"] and "16 s" in events[0].message
+    assert link.status.phase == "gone"
+    link.unanswered("still nothing")
+    assert link.take_events() == []  # said once
