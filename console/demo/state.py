@@ -8,6 +8,8 @@ from pathlib import Path
 
 import msgspec
 
+from agents.procs import pid_alive
+
 STATE_NAME = "demo.json"
 # Where `gridwatch fault` looks when no --dir is given: the newest demo of this user.
 POINTER = Path(tempfile.gettempdir()) / f"gridwatch-demo-{os.getuid()}.current"
@@ -78,16 +80,6 @@ def read_state(directory: str | None = None) -> DemoState:
         raise DemoNotFound(f"no demo state in {directory}: is the demo still running?") from None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DemoNotFound(f"{path} is not a demo state file: {exc}") from None
-    if not _alive(state.pid):
+    if not pid_alive(state.pid):
         raise DemoNotFound(f"the demo in {directory} (pid {state.pid}) is no longer running")
     return state
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
