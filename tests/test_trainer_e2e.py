@@ -6,8 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from trainer.config import TrainConfig
 from trainer.control import TrainerUnavailable, read_status, request
 from trainer.launch import LocalRun, start_local_run
+from tests.conftest import wait_until_sync
 
 pytestmark = pytest.mark.slow
 STEPS = 16
@@ -28,15 +27,6 @@ def tiny(run_dir: Path, **over: object) -> TrainConfig:
     )
     base.update(over)
     return TrainConfig(**base)  # type: ignore[arg-type]
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -81,9 +71,9 @@ def test_first_node_lost_then_interrupted_then_resumed_on_more_nodes_is_exact(
     cfg = cli_like(tmp_path / "run")
     run = start_local_run(cfg, ["node-1", "node-2"])
     try:
-        wait_for(lambda: run.last_step() >= 5, 60, "step 5")
+        wait_until_sync(lambda: run.last_step() >= 5, 60, "step 5")
         run.kill_node("node-1")  # rank 0, the node torchrun would host its store on by default
-        wait_for(lambda: run.last_step() >= 10, 60, "node-2 training alone past step 10")
+        wait_until_sync(lambda: run.last_step() >= 10, 60, "node-2 training alone past step 10")
     finally:
         run.stop()
     interrupted_at = run.last_step()
@@ -108,24 +98,24 @@ def test_controls_then_frozen_peer_recovers_exactly(tmp_path: Path, reference: d
             return None
 
     try:
-        wait_for(lambda: (s := status()) is not None and (s.step or 0) >= 2, 60, "node-2 status")
+        wait_until_sync(lambda: (s := status()) is not None and (s.step or 0) >= 2, 60, "node-2 status")
         s = status()
         assert s is not None and s.world_size == 2 and list(s.membership) == ["node-1", "node-2"] and s.rank == 1
         bad = asyncio.run(request(sock, "self_destruct"))
         assert not bad.ok and "unknown command" in bad.message
         assert asyncio.run(request(sock, "pause")).ok
-        wait_for(lambda: (s := status()) is not None and s.phase == "paused", 30, "paused")
+        wait_until_sync(lambda: (s := status()) is not None and s.phase == "paused", 30, "paused")
         held = status().step  # type: ignore[union-attr]
         assert asyncio.run(request(sock, "checkpoint_now")).ok
-        wait_for(lambda: any("checkpoint_now" in e.message for e in status().events), 30, "checkpoint while paused")  # type: ignore[union-attr]
+        wait_until_sync(lambda: any("checkpoint_now" in e.message for e in status().events), 30, "checkpoint while paused")  # type: ignore[union-attr]
         assert status().step == held  # type: ignore[union-attr]
         assert asyncio.run(request(sock, "resume")).ok
-        wait_for(lambda: run.last_step() > held, 30, "training resumed")
+        wait_until_sync(lambda: run.last_step() > held, 30, "training resumed")
         assert asyncio.run(request(sock, "pause")).ok
-        wait_for(lambda: (s := status()) is not None and s.paused, 30, "paused again")
+        wait_until_sync(lambda: (s := status()) is not None and s.paused, 30, "paused again")
         # Frozen while the job waits on it: sockets open, no progress; only the deadline catches it.
         run.freeze_node("node-2")
-        wait_for(lambda: run.last_step() >= 12, 90, "node-1 re-formed alone past step 12")
+        wait_until_sync(lambda: run.last_step() >= 12, 90, "node-1 re-formed alone past step 12")
         run.kill_node("node-2")  # still frozen: it must not rejoin
     except BaseException:
         run.stop()
