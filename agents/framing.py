@@ -8,12 +8,15 @@ from agents.protocol import MAX_FRAME_BYTES
 class LineBuffer:
     """Feed bytes, get complete lines back.
 
-    A line longer than ``limit`` is dropped whole (up to its newline) and
-    counted in ``oversized``; memory held never exceeds ``limit`` plus one chunk.
+    A line longer than ``limit`` is counted in ``oversized`` and dropped up to
+    its newline, or with ``keep_prefix`` cut to its first ``limit`` bytes (a log
+    line is worth keeping clipped; a frame is not). Memory held never exceeds
+    ``limit`` plus one chunk.
     """
 
-    def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, limit: int = MAX_FRAME_BYTES, keep_prefix: bool = False) -> None:
         self.limit = limit
+        self.keep_prefix = keep_prefix
         self.oversized = 0
         self._buf = bytearray()
         self._skipping = False
@@ -23,26 +26,30 @@ class LineBuffer:
         start = 0
         while True:
             nl = data.find(b"\n", start)
-            if nl < 0:
-                break
+            end = len(data) if nl < 0 else nl
             if self._skipping:
-                self._skipping = False
-            elif len(self._buf) + (nl - start) > self.limit:
-                self.oversized += 1
+                self._skipping = nl < 0
             else:
-                self._buf += data[start:nl]
-                lines.append(bytes(self._buf))
-            self._buf.clear()
+                self._buf += data[start:end]
+                if len(self._buf) > self.limit:
+                    self.oversized += 1
+                    if self.keep_prefix:
+                        lines.append(bytes(self._buf[: self.limit]))
+                    self._buf.clear()
+                    self._skipping = nl < 0  # the rest of this line is still to come
+                elif nl >= 0:
+                    lines.append(bytes(self._buf))
+                    self._buf.clear()
+            if nl < 0:
+                return lines
             start = nl + 1
-        rest = data[start:]
-        if not self._skipping:
-            if len(self._buf) + len(rest) > self.limit:
-                self.oversized += 1
-                self._skipping = True
-                self._buf.clear()
-            else:
-                self._buf += rest
-        return lines
+
+    def flush(self) -> list[bytes]:
+        """The unfinished last line, if any (its writer is gone), and a fresh start."""
+        tail = [bytes(self._buf)] if self._buf and not self._skipping else []
+        self._buf.clear()
+        self._skipping = False
+        return tail
 
     @property
     def pending(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from agents.detectors import detect
+from agents.framing import LineBuffer
 from agents.protocol import MAX_LINE_CHARS, Event, Text, clean_text
 
 KERNEL_LOGS = ("/dev/kmsg", "/var/log/kern.log")
@@ -38,8 +39,7 @@ class _FileTail:
     fd: int | None = None
     ident: tuple[int, int] | None = None  # (st_dev, st_ino) of what fd reads
     offset: int = 0
-    pending: bytearray = field(default_factory=bytearray)
-    discarding: bool = False  # inside an over-long line, dropping bytes until its newline
+    lines: LineBuffer = field(default_factory=lambda: LineBuffer(_MAX_PENDING, keep_prefix=True))
     missing_logged: bool = False
 
     def open(self, from_end: bool) -> bool:
@@ -72,36 +72,11 @@ class _FileTail:
             logger.warning("reading log {} failed: {}", self.path, exc.strerror)
             return [], 0
         self.offset += len(data)
-        return self._split(data), len(data)
-
-    def _split(self, data: bytes) -> list[bytes]:
-        lines: list[bytes] = []
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                break
-            if self.discarding:
-                self.discarding = False
-            else:
-                self.pending += data[start:end]
-                lines.append(bytes(self.pending))
-            self.pending.clear()
-            start = end + 1
-        if not self.discarding:
-            self.pending += data[start:]
-            if len(self.pending) > _MAX_PENDING:
-                lines.append(bytes(self.pending[:_MAX_PENDING]))
-                self.pending.clear()
-                self.discarding = True
-        return lines
+        return self.lines.feed(data), len(data)
 
     def flush(self) -> list[bytes]:
         """The unfinished last line, when the file it came from is gone or cut."""
-        tail = [bytes(self.pending)] if self.pending and not self.discarding else []
-        self.pending.clear()
-        self.discarding = False
-        return tail
+        return self.lines.flush()
 
 
 class _KernelLog:
