@@ -68,29 +68,23 @@ class TextTable(ScrollView, can_focus=True):
 
     cursor: reactive[int] = reactive(0, always_update=True, repaint=False)
 
-    class Selected(Message):
+    class _RowMessage(Message):
+        """Something happened to the row with ``key``."""
+
+        def __init__(self, table: TextTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> TextTable:
+            return self.table
+
+    class Selected(_RowMessage):
         """Enter was pressed on a row."""
 
-        def __init__(self, table: TextTable, key: str) -> None:
-            super().__init__()
-            self.table = table
-            self.key = key
-
-        @property
-        def control(self) -> TextTable:
-            return self.table
-
-    class Highlighted(Message):
+    class Highlighted(_RowMessage):
         """The cursor moved to another row."""
-
-        def __init__(self, table: TextTable, key: str) -> None:
-            super().__init__()
-            self.table = table
-            self.key = key
-
-        @property
-        def control(self) -> TextTable:
-            return self.table
 
     def __init__(self, columns: list[Column], *, name: str | None = None, id: str | None = None,
                  classes: str | None = None) -> None:
