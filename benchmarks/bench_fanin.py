@@ -47,12 +47,7 @@ async def one(port, key, known, counts):
 async def main():
     base, n, key, known = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     counts = [0]
-    sem = asyncio.Semaphore(100)
-    async def start(port):
-        async with sem:
-            pass
-        await one(port, key, known, counts)
-    await asyncio.gather(*(start(base + i) for i in range(n)))
+    await asyncio.gather(*(one(base + i, key, known, counts) for i in range(n)))
 asyncio.run(main())
 """
 
