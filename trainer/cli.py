@@ -17,7 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--print-torchrun", action="store_true", help="print the commands for a real cluster instead")
     p.add_argument("--node-names", default="", help="comma-separated node names (default node-1..node-N)")
     p.add_argument("--min-nodes", type=int, default=1, help="the job keeps training down to this many nodes")
-    p.add_argument("--rdzv", choices=("tuned", "default"), default="tuned", help="rendezvous timeouts")
+    p.add_argument("--membership", choices=("coordinator", "torchrun"), default="coordinator",
+                   help="who re-forms the job when nodes leave or join: the coordinator beside the store, in place "
+                        "(default), or torchrun's rendezvous, restarting every worker (the baseline)")
+    p.add_argument("--rdzv", choices=("tuned", "default"), default="tuned",
+                   help="rendezvous timeouts (with --membership torchrun)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -71,9 +75,10 @@ def _run(args: argparse.Namespace) -> int:
         names = node_names(args.nodes, [n.strip() for n in args.node_names.split(",")] if args.node_names else None)
         if args.print_torchrun:
             cfg = prepare(cfg, args.resume)
-            print(cluster_command(cfg, args.nodes, args.min_nodes))
+            print(cluster_command(cfg, args.nodes, args.min_nodes, membership=args.membership))
             return 0
-        run = start_local_run(cfg, names, resume=args.resume, min_nodes=args.min_nodes, rdzv=args.rdzv)
+        run = start_local_run(cfg, names, resume=args.resume, min_nodes=args.min_nodes, rdzv=args.rdzv,
+                              membership=args.membership)
     except GateClosed as exc:
         print(f"gridwatch train: {exc}", file=sys.stderr)
         return 1
@@ -86,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
     shown = 0
     try:
         while run.alive():
+            for node in run.take_rejoins():
+                print(f"{node} rejoins the run", flush=True)
             step = run.last_step()
             if step >= shown + 10 or (step and not shown):
                 print(f"step {step}", flush=True)

@@ -1,4 +1,13 @@
-"""Launch a training run on this machine: a rendezvous store and one torchrun agent per simulated node.
+"""Launch a training run on this machine: the job's store and one torchrun agent per simulated node.
+
+Two ways to keep the job's members (``membership``):
+
+- ``coordinator`` (the default): each node's torchrun only supervises its own
+  worker (``--standalone``, restarting it if it dies); the coordinator beside
+  the store decides who trains in each generation, and a change of members
+  re-forms the job in place (:mod:`trainer.membership`).
+- ``torchrun``: TorchElastic's own c10d rendezvous across the nodes; any change
+  of members restarts every worker. Kept as the baseline it is measured against.
 
 This module does not import torch, so a console or demo process can start and
 supervise a run without loading it.
@@ -22,6 +31,7 @@ from loguru import logger
 
 from trainer.config import TrainConfig, read_config, write_config
 from trainer.control import socket_path
+from trainer.membership import STORE_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -57,10 +67,32 @@ def node_names(count: int, names: list[str] | None = None) -> list[str]:
     return names
 
 
+MEMBERSHIPS = ("coordinator", "torchrun")
+REJOIN_DIR = "rejoin"  # RUN_DIR/rejoin/<node>: a repaired node to start again (see request_rejoin)
+REJOIN_KEEP_S = 30.0  # a request for a node still running waits this long for it to exit
+
+
+def request_rejoin(run_dir: str | os.PathLike[str], node: str) -> Path:
+    """Ask the run's launcher to start ``node`` again; it does so within a second."""
+    if not NODE_NAME.match(node):
+        raise LaunchError(f"node name {node!r} is not allowed")
+    path = Path(run_dir) / REJOIN_DIR / node
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
 def torchrun_command(
     cfg: TrainConfig, endpoint: str, min_nodes: int, max_nodes: int, rdzv: str = "tuned",
-    python: str = sys.executable,
+    python: str = sys.executable, membership: str = "coordinator",
 ) -> list[str]:
+    if membership == "coordinator":
+        # One node's worker, restarted by torchrun if it dies; membership is the coordinator's.
+        return [
+            python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
+            "--max-restarts=100", "--monitor-interval=0.2",
+            "-m", "trainer.worker", "--run-dir", str(Path(cfg.run_dir).resolve()),
+        ]
     conf = TUNED_RDZV if rdzv == "tuned" else DEFAULT_RDZV
     return [
         python, "-m", "torch.distributed.run",
@@ -72,9 +104,9 @@ def torchrun_command(
     ]
 
 
-def _start_store(python: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_store(python: str, log: Path, coordinator: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
-        [python, "-m", "trainer.store", "--port", "0"],
+        [python, "-m", "trainer.store", "--port", "0", *coordinator],
         stdout=subprocess.PIPE, stderr=open(log, "ab"), cwd=PROJECT_ROOT, start_new_session=True,
         env=_env(), preexec_fn=_die_with_launcher,
     )
@@ -113,6 +145,47 @@ class LocalRun:
     port: int
     nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
+    membership: str = "coordinator"
+
+    def _spawn(self, name: str) -> None:
+        logs = self.run_dir / "logs"
+        env = {"GRIDWATCH_NODE": name}
+        if self.membership == "coordinator":
+            env[STORE_ENV] = f"127.0.0.1:{self.port}"
+        self.nodes[name] = subprocess.Popen(
+            self.commands[name], cwd=PROJECT_ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
+            env=_env(env), preexec_fn=_die_with_launcher,
+        )
+
+    def take_rejoins(self) -> list[str]:
+        """Start every node asked for by :func:`request_rejoin`; returns those started."""
+        started = []
+        for path in sorted((self.run_dir / REJOIN_DIR).glob("*")):
+            try:
+                if self.add_node(path.name):
+                    started.append(path.name)
+                elif time.time() - path.stat().st_mtime < REJOIN_KEEP_S:
+                    continue  # still leaving: start it once it is gone
+            except (LaunchError, FileNotFoundError) as exc:
+                logger.warning("rejoin {}: {}", path.name, exc)
+            path.unlink(missing_ok=True)
+        return started
+
+    def add_node(self, name: str) -> bool:
+        """Start ``name``'s torchrun agent again (a repaired node rejoining); False if it is running.
+
+        Under the coordinator the node joins the running job at its next step;
+        under torchrun's rendezvous every worker restarts to take it in.
+        """
+        proc = self.nodes.get(name)
+        if proc is not None and proc.poll() is None:
+            return False
+        if name not in self.commands:
+            raise LaunchError(f"{name} is not a node of this run")
+        logger.bind(node=name).info("node rejoins the run")
+        self._spawn(name)
+        return True
 
     @property
     def run_dir(self) -> Path:
@@ -248,6 +321,7 @@ def start_local_run(
     min_nodes: int = 1,
     rdzv: str = "tuned",
     python: str = sys.executable,
+    membership: str = "coordinator",
 ) -> LocalRun:
     """Start ``len(names)`` simulated nodes training ``cfg`` on this machine; returns at once.
 
@@ -257,28 +331,36 @@ def start_local_run(
     """
     if not names:
         raise LaunchError("a run needs at least one node")
+    if membership not in MEMBERSHIPS:
+        raise LaunchError(f"membership {membership!r}: choose one of {', '.join(MEMBERSHIPS)}")
     cfg = prepare(cfg, resume)
     logs = Path(cfg.run_dir) / "logs"
-    store, port = _start_store(python, logs / "store.log")
-    run = LocalRun(cfg=cfg, store=store, port=port)
+    low = min(min_nodes, len(names))
+    coordinator = (["--min-nodes", str(low), "--max-nodes", str(len(names))] if membership == "coordinator"
+                   else ["--no-coordinator"])
+    store, port = _start_store(python, logs / "store.log", coordinator)
+    run = LocalRun(cfg=cfg, store=store, port=port, membership=membership)
     for name in names:
-        cmd = torchrun_command(cfg, f"127.0.0.1:{port}", min(min_nodes, len(names)), len(names), rdzv, python)
-        run.commands[name] = cmd
-        run.nodes[name] = subprocess.Popen(
-            cmd, cwd=PROJECT_ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
-            env=_env({"GRIDWATCH_NODE": name}), preexec_fn=_die_with_launcher,
-        )
-    logger.info("run {} started: {} nodes, store on 127.0.0.1:{}", cfg.run_id(), len(names), port)
+        run.commands[name] = torchrun_command(cfg, f"127.0.0.1:{port}", low, len(names), rdzv, python, membership)
+        run._spawn(name)
+    logger.info("run {} started: {} nodes, store on 127.0.0.1:{} ({})", cfg.run_id(), len(names), port, membership)
     return run
 
 
-def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host: str = "STORE_HOST") -> str:
+def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host: str = "STORE_HOST",
+                    membership: str = "coordinator") -> str:
     """What to run for a real cluster: the store on a host outside the job, then torchrun on each node."""
-    cmd = torchrun_command(cfg, f"{store_host}:29400", min_nodes, nodes, "tuned", "python")
+    cmd = torchrun_command(cfg, f"{store_host}:29400", min_nodes, nodes, "tuned", "python", membership)
     cmd = ["torchrun", *cmd[3:]]
+    if membership == "coordinator":
+        return "\n".join([
+            f"# on {store_host} (not a training node): the store and the membership coordinator",
+            f"python -m trainer.store --host 0.0.0.0 --port 29400 --min-nodes {min_nodes} --max-nodes {nodes}",
+            "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
+            f"{STORE_ENV}={store_host}:29400 GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
+        ])
     return "\n".join([
-        f"# on {store_host} (not a training node): python -m trainer.store --host 0.0.0.0 --port 29400",
+        f"# on {store_host} (not a training node): python -m trainer.store --host 0.0.0.0 --port 29400 --no-coordinator",
         "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
         "GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
     ])

@@ -1,7 +1,10 @@
-"""The rendezvous store, run by the launcher on no training node, so that losing any node is survivable.
+"""The job's store and membership coordinator, run on no training node, so that losing any node is survivable.
 
-``python -m trainer.store --port P`` serves a c10d TCPStore and prints the port
-it listens on; torchrun agents join it with ``--rdzv-conf is_host=false``.
+``python -m trainer.store --port P --min-nodes M --max-nodes N`` serves a c10d
+TCPStore, prints the port it listens on, and decides the job's generations
+(:mod:`trainer.membership`) until stopped. Workers find it through
+``GRIDWATCH_STORE=HOST:PORT``. With ``--no-coordinator`` it is only a store
+(for torchrun agents joining it with ``--rdzv-conf is_host=false``).
 """
 
 from __future__ import annotations
@@ -10,13 +13,21 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
+
+from loguru import logger
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trainer.store")
+    parser = argparse.ArgumentParser(prog="trainer.store", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--min-nodes", type=int, default=1, help="the job trains while at least this many nodes are in it")
+    parser.add_argument("--max-nodes", type=int, default=1 << 16, help="nodes the job takes at most")
+    parser.add_argument("--first-window", type=float, default=10.0,
+                        help="seconds the first generation waits for more than --min-nodes (ends early at --max-nodes)")
+    parser.add_argument("--no-coordinator", action="store_true", help="serve the store only")
     args = parser.parse_args(argv)
     from torch.distributed import TCPStore
 
@@ -24,12 +35,20 @@ def main(argv: list[str] | None = None) -> int:
         store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
                          multi_tenant=True, timeout=timedelta(seconds=60))
     except Exception as exc:
-        print(f"error: cannot serve the rendezvous store on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"error: cannot serve the store on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     print(store.port, flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
+    if not args.no_coordinator:
+        from trainer.membership import Coordinator
+
+        client = TCPStore(args.host, store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
+        coordinator = Coordinator(client, time.monotonic, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+                                  first_window=args.first_window)
+        threading.Thread(target=coordinator.run, args=(done,), name="coordinator", daemon=True).start()
+        logger.info("store on {}:{}; coordinating {}..{} nodes", args.host, store.port, args.min_nodes, args.max_nodes)
     done.wait()
     return 0
 

@@ -27,12 +27,14 @@ from loguru import logger
 
 from agents.protocol import Event, Text, TrainerStatus
 from trainer.checkpoint import Manifest
-from trainer.collectives import all_gather_object
+from trainer.collectives import all_gather_object, broadcast_object
 from trainer.config import TrainConfig, read_config
 from trainer.control import restart_target, socket_path
 from trainer.control_server import ControlServer
 from trainer.corpus import build_corpus
+from trainer.group import Membership
 from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
+from trainer.membership import STORE_ENV, Generation
 from trainer.model import ByteGPT, ModelConfig
 from trainer.restore import restore_newest
 from trainer.sampler import BatchSampler, SamplerState, my_slots
@@ -48,7 +50,8 @@ MAX_EVENTS = 64
 # Control slots, all-reduced with MAX so every rank applies the same controls.
 # _EXACT holds step+1 of an exact restart; _BELOW holds -bound so MAX picks the
 # earliest "before" bound asked for (NO_BOUND when none).
-_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7
+# _GEN carries the newest generation rank 0 saw, so every rank changes group at the same step.
+_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _GEN, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7, 8
 NO_BOUND = float(2**52)
 
 
@@ -62,11 +65,14 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 class Worker:
-    def __init__(self, cfg: TrainConfig, node: str) -> None:
+    def __init__(self, cfg: TrainConfig, node: str, backend: str = "gloo", membership: Membership | None = None) -> None:
         self.cfg = cfg
         self.node = node
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
+        self.backend = backend
+        # None: torchrun's rendezvous made the group and any change of members restarts this process.
+        self.membership = membership
+        self.rank = dist.get_rank() if membership is None else 0
+        self.world = dist.get_world_size() if membership is None else 1
         self.log = logger.bind(node=node)
         torch.manual_seed(cfg.seed)
         self.mcfg = ModelConfig(seq_len=cfg.seq_len, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads)
@@ -83,7 +89,7 @@ class Worker:
         self.loss_guard = LossGuard(cfg.spike_factor)
         self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
         self.prev_time = 0.0
-        self.membership: list[str] = all_gather_object(node)
+        self.members: list[str] = all_gather_object(node) if membership is None else [node]
         # status, read by the control thread
         self.phase = "starting"
         self.loss: float | None = None
@@ -122,7 +128,7 @@ class Worker:
             tokens_per_s=(g / self.prev_time) if self.prev_time > 0 else None,
             step_time_s=self.prev_time or None,
             rank_step_times={str(r): t for r, t in enumerate(self.rank_times)},
-            stragglers=list(self.stragglers), membership=[Text(n) for n in self.membership],
+            stragglers=list(self.stragglers), membership=[Text(n) for n in self.members],
             world_size=self.world, checkpoints={str(t): s for t, s in sorted(self.ckpt.newest.items())},
             pid=os.getpid(), node=Text(self.node), rank=self.rank, paused=self.paused, events=events,
         )
@@ -231,6 +237,8 @@ class Worker:
                     vec[_EXACT] = max(float(vec[_EXACT]), target.step + 1)
                 if target.below is not None:
                     vec[_BELOW] = max(float(vec[_BELOW]), -float(target.below))
+        if self.membership is not None and self.rank == 0:
+            vec[_GEN] = self.membership.newest()
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         return vec
 
@@ -263,9 +271,16 @@ class Worker:
         self.event("action", f"paused at step {self.step}", "info")
         while True:
             self.deadline.feed()
+            if self.membership is not None:
+                self.membership.at_boundary()
             ctl = self._controls()
+            if self.membership is not None and ctl[_GEN] > self.membership.number:
+                self._change(int(ctl[_GEN]))  # a node joins or leaves while the job is paused
+                self.phase, self.paused = "paused", True
+                continue
             if ctl[_CKPT] > 0 or ctl[_RESTART] > 0 or any(ctl[_LEAVE0:] > 0):
                 self._handle(ctl)
+                self.phase, self.paused = "paused", True
             if ctl[_RESUME] > 0:
                 break
             time.sleep(0.2)
@@ -274,12 +289,14 @@ class Worker:
 
     def _leave(self, leaving: list[int]) -> None:
         """Checkpoint to local disk, then the leaving node stops and the others re-form without it."""
+        if self.membership is not None:
+            return self._leave_generation(leaving)
         self.phase = "checkpointing"
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.snapshot({0, 1})
         self.ckpt.flush()
         dist.barrier()
-        names = ", ".join(self.membership[r] for r in leaving)
+        names = ", ".join(self.members[r] for r in leaving)
         if self.rank in leaving:
             self.phase = "left"
             self.log.info("leaving the job at step {} on request; the others re-form without this node", self.step)
@@ -290,6 +307,119 @@ class Worker:
             self._exit(0)
         self.log.info("{} left at step {}; re-forming", names, self.step)
         self._exit(EXIT_REFORM)
+
+    def _leave_generation(self, leaving: list[int]) -> None:
+        """Every member is at this step: the others go on in a new generation, from memory, without a restart."""
+        names = ", ".join(self.members[r] for r in leaving)
+        assert self.membership is not None
+        self.phase = "checkpointing"
+        self.snapshot({0})
+        if self.rank in leaving:
+            self.membership.leave()
+        # The leaver waits too: gone before the coordinator saw "leave", it would look like a crash.
+        nxt = self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
+        if self.rank in leaving:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request; the others go on without this node", self.step)
+            self.ckpt.flush()
+            self.membership.close("done")
+            self._exit(0)
+        if nxt is None:
+            self.log.error("no new generation after {} left; exiting so the node is started again", names)
+            self._exit(EXIT_REFORM)
+        assert nxt is not None
+        if self.node not in nxt.members:
+            nxt = self._wait_after_failure(RuntimeError(f"generation {nxt.gen} does not include {self.node}"))
+        self.log.info("{} left at step {}; going on in generation {}", names, self.step, nxt.gen)
+        self._enter(nxt)
+
+    # ------------------------------------------------------------ generations
+
+    def _adopt(self) -> None:
+        """Take this group's rank and size: its share of each batch, its peers' names."""
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.slots = my_slots(self.rank, self.world, self.cfg.micro_batches)
+        self.straggler_guard = StragglerGuard(self.cfg.straggler_factor, self.cfg.straggler_window)
+        self.rank_times, self.stragglers = [], []
+
+    def _enter(self, gen: Generation) -> None:
+        """Form ``gen``'s group (waiting again if that fails) and line up every member's state."""
+        assert self.membership is not None
+        while True:
+            self.phase = "re-forming"
+            self.deadline.feed(self.cfg.startup_deadline_s)
+            limit = _init_limit(self.cfg)
+            watchdog = threading.Timer(limit, _init_timed_out, args=(self.node, limit))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                self.membership.form(gen, self.backend, _pg_timeout(self.cfg, membership=True))
+                self._adopt()
+                self.members = list(gen.members)
+                self._line_up(gen)
+                watchdog.cancel()
+                break
+            except RuntimeError as exc:
+                watchdog.cancel()
+                gen = self._wait_after_failure(exc)
+        self.phase = "training"
+        self.event("membership", f"generation {gen.gen}: training on {self.world} nodes ({', '.join(gen.members)}) "
+                   f"from step {self.step}", "info", generation=gen.gen, world=self.world, sync=gen.sync)
+
+    def _line_up(self, gen: Generation) -> None:
+        if gen.sync == "restore":
+            if self.restore():
+                return
+            if self.membership is not None and self.membership.number <= 1 and self.step == 0:
+                if self.rank == 0:
+                    self.log.info("no checkpoint found: starting at step 0")
+                    self._truncate_metrics(0)
+                return
+        if gen.sync in ("share", "restore"):
+            self._share()
+
+    def _share(self) -> None:
+        """Every member takes rank 0's model, optimizer, step and data position (a node joining a running job)."""
+        pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0)
+        self.step = pos[0]
+        self.sampler.state = SamplerState(epoch=pos[1], position=pos[2])
+        for key in sorted(self.live):
+            dist.broadcast(self.live[key], src=0)
+        if self.rank != 0:
+            torch.manual_seed(self.cfg.seed + 7919 * self.rank + self.step)
+
+    def _wait_after_failure(self, exc: BaseException) -> Generation:
+        """A collective failed: say so, and wait for the coordinator's next generation that takes this node."""
+        assert self.membership is not None
+        number = self.membership.number
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        self.event("membership", f"generation {number} failed ({first}); waiting for the job to re-form", "warning",
+                   generation=number)
+        self.phase = "re-forming"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        if dist.is_initialized():
+            # Closing our connections fails the collective our peers still wait in, at once,
+            # instead of after the collective timeout: they report too, and the job re-forms sooner.
+            dist.destroy_process_group()
+        self.membership.failed()
+        gen = self.membership.wait(self.cfg.startup_deadline_s)
+        if gen is None:
+            self.log.error("no generation took this node within {:.0f} s; exiting so it is started again",
+                           self.cfg.startup_deadline_s)
+            self._exit(EXIT_REFORM)
+        assert gen is not None
+        return gen
+
+    def _change(self, newest: int) -> None:
+        """Rank 0 saw generation ``newest``: every member is at this step; move to it (or stand by if not in it)."""
+        assert self.membership is not None
+        gen = self.membership.latest()
+        if gen is None or gen.gen < newest:
+            return
+        if self.node not in gen.members:
+            # Dropped (thought dead, or slow): wait as a joiner; the next generation takes us back.
+            gen = self._wait_after_failure(RuntimeError(f"generation {gen.gen} does not include {self.node}"))
+        self._enter(gen)
 
     def train_step(self) -> None:
         cfg = self.cfg
@@ -350,8 +480,8 @@ class Worker:
         if self.step > 1:
             self.stragglers = self.straggler_guard.check(self.rank_times)
             for r in self.stragglers:
-                self.event("straggler", f"rank {r} ({self.membership[r]}) took {self.rank_times[r]:.3f} s for step {self.step - 1}",
-                           "warning", rank=r, node=self.membership[r], step=self.step - 1)
+                self.event("straggler", f"rank {r} ({self.members[r]}) took {self.rank_times[r]:.3f} s for step {self.step - 1}",
+                           "warning", rank=r, node=self.members[r], step=self.step - 1)
         if self.rank == 0:
             self._append_metrics({"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": self.grad_norm,
                                   "world_size": self.world, "time": time.time()})
@@ -360,18 +490,43 @@ class Worker:
     def run(self) -> int:
         self.server.start()
         self.deadline.watch()
-        if not self.restore() and self.rank == 0:
-            self.log.info("no checkpoint found: starting at step 0")
-            self._truncate_metrics(0)
+        if self.membership is None:
+            if not self.restore() and self.rank == 0:
+                self.log.info("no checkpoint found: starting at step 0")
+                self._truncate_metrics(0)
+        else:
+            self.phase = "joining"
+            self.membership.start()  # only now: the model and data are ready
+            gen = self.membership.wait(self.cfg.startup_deadline_s)
+            if gen is None:
+                self.log.error("no generation took this node within {:.0f} s", self.cfg.startup_deadline_s)
+                self._exit(EXIT_REFORM)
+            assert gen is not None
+            self._enter(gen)
         self.phase = "training"
-        self.deadline.feed(self.cfg.progress_deadline_s)
+        # With a coordinator, a hung collective times out first (and the job re-forms in place);
+        # the deadline is the last resort.
+        deadline = self.cfg.progress_deadline_s * (1 if self.membership is None else 2) + (0 if self.membership is None else 5)
+        self.deadline.feed(deadline)
         while self.step < self.cfg.steps:
-            self._handle(self._controls())
-            self.train_step()
-            self.deadline.feed(self.cfg.progress_deadline_s)
-            tiers = self.ckpt.due(self.step)
-            if tiers:
-                self.snapshot(tiers)
+            try:
+                if self.membership is not None:
+                    self.membership.at_boundary(self.prev_time)
+                ctl = self._controls()
+                if self.membership is not None and ctl[_GEN] > self.membership.number:
+                    self._change(int(ctl[_GEN]))
+                    continue
+                self._handle(ctl)
+                self.train_step()
+                self.deadline.feed(deadline)
+                tiers = self.ckpt.due(self.step)
+                if tiers:
+                    self.snapshot(tiers)
+            except RuntimeError as exc:
+                if self.membership is None:
+                    raise
+                self._enter(self._wait_after_failure(exc))
+                self.deadline.feed(deadline)
         self.phase = "checkpointing"
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.snapshot({0, 1, 2})
@@ -383,6 +538,8 @@ class Worker:
         shutil.rmtree(self.cfg.tier_root(0, self.node), ignore_errors=True)
         if self.rank == 0:
             self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
+        if self.membership is not None:
+            self.membership.close("done")
         self.server.stop()
         return 0
 
@@ -399,6 +556,15 @@ def _setup_logging(node: str) -> None:
 
 def _init_limit(cfg: TrainConfig) -> float:
     return max(30.0, 2 * cfg.progress_deadline_s)
+
+
+def _pg_timeout(cfg: TrainConfig, membership: bool) -> timedelta:
+    """How long a collective may wait. Under a coordinator, a peer that stops answering fails the
+    collective after the progress deadline and the job re-forms in place; under torchrun alone the
+    progress deadline ends the process instead, so collectives may wait longer."""
+    if membership:
+        return timedelta(seconds=max(2.0, cfg.progress_deadline_s))
+    return timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
 
 
 def _init_timed_out(node: str, limit: float) -> None:
@@ -438,7 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
+    endpoint = os.environ.get(STORE_ENV)
+    if endpoint:
+        try:
+            membership = Membership(endpoint, node)
+        except (ValueError, RuntimeError) as exc:
+            logger.bind(node=node).error("cannot reach the job's store at {}: {}", endpoint, exc)
+            return EXIT_REFORM
+        try:
+            return Worker(cfg, node, backend, membership).run()
+        except Exception as exc:
+            logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            logger.complete()
+            os._exit(1)
+    timeout = _pg_timeout(cfg, membership=False)
     # Forming the group can wait far past ``timeout`` when the rendezvous still
     # counts a node that just left (gloo's full-mesh connect waits for it): give
     # up and exit, so torchrun re-forms without it.
@@ -448,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timeout)
     watchdog.cancel()
     try:
-        worker = Worker(cfg, node)
+        worker = Worker(cfg, node, backend)
         return worker.run()
     except Exception as exc:
         # A peer that died makes the next collective fail: exit so torchrun re-forms.
