@@ -38,6 +38,7 @@ class TrainerLink:
         self._seen_event_seq = 0
         self._task: asyncio.Task[None] | None = None
         self.last_ok: float | None = None
+        self.leaving = False  # asked to leave the job: its going away is no fault
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll_forever())
@@ -62,6 +63,8 @@ class TrainerLink:
             reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
         except (OSError, TimeoutError, ValueError) as exc:
             return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}"}
+        if command == "leave" and reply.ok:
+            self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
 
     async def _poll_forever(self) -> None:
@@ -81,6 +84,16 @@ class TrainerLink:
         now = self.clock()
         if self._silent_since is None:
             self._silent_since = now
+        if self.attached and self.leaving:
+            self.attached = False
+            logger.info("trainer at {} left the job on request", self.socket_path)
+            self._events.append(
+                p.Event(kind=p.Text("trainer_left"), severity=p.Text("info"), source=p.Text("trainer"),
+                        message=p.Text("the local trainer left the job on request"))
+            )
+            if self.status is not None:
+                self.status.phase = p.Text("left")
+            return
         if self.attached and now - self._silent_since >= self.grace:
             self.attached = False
             logger.warning("trainer at {} stopped answering for {:.0f} s: {}", self.socket_path, now - self._silent_since, why)
@@ -97,6 +110,7 @@ class TrainerLink:
 
         self._silent_since = None
         if not self.attached:
+            self.leaving = False  # a trainer (again): its next silence is a fault
             logger.info("trainer attached at {}", self.socket_path)
         self.attached = True
         self.last_ok = time.time()

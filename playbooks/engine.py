@@ -120,6 +120,7 @@ class Engine:
         elif isinstance(frame, Sample):
             if node.reported_isolated and not frame.isolated:
                 node.removed = False  # put back in by an operator
+                self.ledger.returned(node.name, now)
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
             if frame.trainer is not None:
@@ -132,6 +133,7 @@ class Engine:
                 node.reported_isolated = True
             elif frame.kind == "unisolated":
                 node.reported_isolated = node.removed = False
+                self.ledger.returned(node.name, now)
             plans += self._match_event(node, frame, now)
         elif isinstance(frame, LogLine):
             plans += self._match_log(node, str(frame.line), str(frame.source), now)

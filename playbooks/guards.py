@@ -24,9 +24,16 @@ class GuardLedger:
     runs: dict[str, deque[float]] = field(default_factory=dict)  # playbook -> times it acted
     fixes: dict[tuple[str, str], deque[float]] = field(default_factory=dict)  # (playbook, scope key)
     removals: list[tuple[float, str]] = field(default_factory=list)  # (time, node) removed from the job
+    returns: dict[str, float] = field(default_factory=dict)  # node -> when it was last put back in service
 
     def removed_within(self, window: float, now: float) -> set[str]:
-        return {node for when, node in self.removals if now - when <= window}
+        """Nodes taken out within ``window`` and still out: one repaired and put back no longer counts
+        (the rate limit, not the blast radius, is what notices the same fault coming back)."""
+        return {node for when, node in self.removals
+                if now - when <= window and self.returns.get(node, float("-inf")) < when}
+
+    def returned(self, node: str, now: float) -> None:
+        self.returns[node] = now
 
     def record(self, playbook: str, key: str, fixed: bool, removed: list[str], now: float) -> None:
         """A plan went ahead; ``fixed`` when it changed something (not only told people)."""

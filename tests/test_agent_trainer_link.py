@@ -72,3 +72,24 @@ def test_a_trainer_is_reported_gone_only_after_the_grace():
     assert link.status.phase == "gone"
     link.unanswered("still nothing")
     assert link.take_events() == []  # said once
+
+
+def test_a_trainer_that_left_on_request_is_not_a_fault():
+    from agents.trainer_link import TrainerLink
+
+    t = [0.0]
+    link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5))
+    link.leaving = True  # what a successful "leave" control sets (the node was isolated)
+    t[0] = 1.0
+    link.unanswered("no trainer is listening")
+    events = link.take_events()
+    assert [(e.kind, e.severity) for e in events] == [("trainer_left", "info")]
+    for t[0] in (20.0, 40.0):
+        link.unanswered("no trainer is listening")
+    assert link.take_events() == [], "no trainer_exit page for a node taken out on purpose"
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=50))  # repaired: it rejoined
+    assert not link.leaving
+    for t[0] in (60.0, 80.0):
+        link.unanswered("no trainer is listening")
+    assert [e.kind for e in link.take_events()] == ["trainer_exit"]

@@ -35,6 +35,16 @@ def test_goodput_is_one_without_faults_and_lower_with_a_stall() -> None:
     assert goodput(stalled, end=20.0) == pytest.approx(0.5)
 
 
+def test_goodput_counts_training_on_fewer_nodes_as_productive_and_redone_steps_against() -> None:
+    # 3 nodes at 1 s a step, one taken out: 2 nodes at 2 s a step (fewer GPUs), no stall.
+    three = [StepPoint(float(i), i, 3) for i in range(21)]
+    two = [StepPoint(20.0 + 2 * i, 20 + i, 2) for i in range(1, 21)]
+    assert goodput(three + two, end=60.0) == pytest.approx(1.0)
+    # The same, but restored 10 steps back on the way (10 steps of 2 s done twice, 20 s of 80).
+    redo = [StepPoint(60.0 + 2 * i, 30 + i, 2) for i in range(1, 11)]
+    assert goodput(three + two + redo, end=80.0) == pytest.approx(0.75)
+
+
 def test_summary_times_detection_and_recovery_from_the_fault() -> None:
     faults = [FaultRecord(node="node-2", kind="xid", code=79, at=100.0)]
     incidents = [IncidentFacts(id="inc-1", node="node-2", kind="xid", playbook="xid-hardware", detected_at=101.5,

@@ -88,3 +88,22 @@ async def test_a_node_put_back_while_the_console_was_down_is_back_in_the_job(tmp
     assert "node5" not in engine2.live_nodes()
     _connect(engine2)  # node5's agent says it is not isolated: an operator put it back
     assert "node5" in engine2.live_nodes("llm")
+
+
+async def test_a_node_repaired_and_put_back_no_longer_counts_against_the_blast_radius(tmp_path: Path) -> None:
+    clock = ManualClock(1000.0)
+    engine, executor, _ = _console(tmp_path / "incidents.db", clock, seed=False)
+    _connect(engine)
+    for node in ("node1", "node2"):  # two of eight: the limit for xid-hardware within the hour
+        (plan,) = _xid(engine, node, 79)
+        await executor.run(plan)
+    clock.advance(600.0)
+    (held,) = _xid(engine, "node3", 79)
+    assert next(s for s in held.steps if s.step == "isolate_node").decision == "escalate"
+    for incident in list(engine.incidents()):
+        engine.resolve(incident.id)
+    engine.observe("node1", Event(node="node1", kind="unisolated", severity="info"))  # the technician put it back
+    clock.advance(60.0)
+    (plan,) = _xid(engine, "node4", 79)
+    assert next(s for s in plan.steps if s.step == "isolate_node").decision == "act", \
+        "one node out of eight now: taking a second out is within the limit"

@@ -126,3 +126,39 @@ def test_controls_then_frozen_peer_recovers_exactly(tmp_path: Path, reference: d
     # Caught by the progress deadline, or (on a loaded machine) by the rendezvous
     # noticing the frozen agent first: either way node-1 went on from a checkpoint.
     assert "no progress for" in log or "restored step" in log
+
+
+def test_a_node_leaves_and_rejoins_in_place_and_the_run_stays_exact(tmp_path: Path, reference: dict[int, float]) -> None:
+    """Under the coordinator a change of members keeps the survivors' processes and memory."""
+    cfg = cli_like(tmp_path / "run", steps=STEPS)
+    run = start_local_run(cfg, ["node-1", "node-2"])
+    s1, s2 = run.socket_path("node-1"), run.socket_path("node-2")
+
+    def status(sock: str):
+        try:
+            return asyncio.run(read_status(sock))
+        except TrainerUnavailable:
+            return None
+
+    try:
+        wait_until_sync(lambda: (s := status(s1)) is not None and (s.step or 0) >= 3, 60, "training on 2 nodes")
+        pid = status(s1).pid  # type: ignore[union-attr]
+        assert asyncio.run(request(s1, "pause")).ok
+        wait_until_sync(lambda: (s := status(s1)) is not None and s.paused, 30, "paused")
+        assert asyncio.run(request(s2, "leave")).ok
+        wait_until_sync(lambda: (s := status(s1)) is not None and s.world_size == 1, 30, "node-1 alone")
+        wait_until_sync(lambda: run.nodes["node-2"].poll() is not None, 30, "node-2's torchrun gone")
+        assert run.nodes["node-2"].returncode == 0, "a node that leaves on request exits cleanly"
+        assert run.add_node("node-2")
+        wait_until_sync(lambda: (s := status(s1)) is not None and s.world_size == 2
+                        and list(s.membership) == ["node-1", "node-2"], 60, "node-2 back in the job")
+        assert status(s1).pid == pid, "node-1 was never restarted"  # type: ignore[union-attr]
+        assert asyncio.run(request(s1, "resume")).ok
+    except BaseException:
+        run.stop()
+        raise
+    finish(run)
+    assert losses(tmp_path / "run") == reference, "leaving and rejoining changed no bit of training"
+    log = (tmp_path / "run" / "logs" / "node-1.log").read_text()
+    assert "restored step" not in log, "nothing was read back from a checkpoint"
+    assert "generation 3" in log

@@ -201,6 +201,14 @@ class DemoSession:
             if not result.ok:
                 self.say(f"{self._stamp()} repair: {action} on {node} FAILED {result.message}")
                 return
+        if self.cluster.trainer is not None:
+            # Its trainer left the job when it was isolated: start it again; it joins the running job.
+            from trainer.launch import LaunchError, request_rejoin
+
+            try:
+                request_rejoin(self.cluster.run_dir, node)
+            except (LaunchError, OSError) as exc:
+                self.say(f"{self._stamp()} repair: cannot ask {node}'s trainer to rejoin: {exc}")
         # The technician closes the node's tickets: its next fault is a new incident, not a repeat.
         for incident in list(self.engine.incidents()):
             if incident.node == node and self.engine.resolve(incident.id):

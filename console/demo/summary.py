@@ -77,19 +77,30 @@ def steps_lost(points: list[StepPoint]) -> int:
 def goodput(points: list[StepPoint], end: float) -> float | None:
     """Productive time over wall time, from the first step to ``end``.
 
-    Productive time is the net steps gained times the typical step time (the
-    median of undisturbed intervals): restarts, redone steps and stalls count
-    against it.
+    Productive time is the net steps gained, each at the typical step time (the
+    median) of the world size it ran on: training on fewer nodes after one is
+    taken out is productive (as in Llama 3's "effective training time"), while
+    restarts, re-formations, redone steps and stalls count against it.
     """
     if len(points) < 3:
         return None
-    per_step = [(b.at - a.at) / (b.step - a.step) for a, b in zip(points, points[1:]) if b.step > a.step]
-    if not per_step:
+    per_world: dict[int | None, list[float]] = {}
+    for a, b in zip(points, points[1:]):
+        if b.step > a.step:
+            per_world.setdefault(b.world, []).append((b.at - a.at) / (b.step - a.step))
+    if not per_world:
         return None
     wall = end - points[0].at
     if wall <= 0:
         return None
-    productive = (points[-1].step - points[0].step) * statistics.median(per_step)
+    overall = statistics.median(t for times in per_world.values() for t in times)
+    typical = {w: statistics.median(times) if len(times) >= 10 else overall for w, times in per_world.items()}
+    productive = 0.0
+    for a, b in zip(points, points[1:]):
+        if b.step > a.step:
+            productive += (b.step - a.step) * typical.get(b.world, overall)
+        else:  # a restore: the steps about to be redone were counted once already
+            productive -= (a.step - b.step) * typical.get(a.world, overall)
     return max(0.0, min(1.0, productive / wall))
 
 
