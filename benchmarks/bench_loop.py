@@ -1,4 +1,4 @@
-"""Time to detect and time to recover, over injected faults of mixed kinds, playbooks acting vs watching only.
+"""Time to detect and time to recover, over injected faults of mixed kinds, against a baseline.
 
 Each round starts a headless demo (3 nodes x 2 simulated GPUs, the tiny
 trainer), waits for training, injects a fault that must not take a node out,
@@ -7,8 +7,10 @@ plans are done and training moves again (at most ``--window`` seconds a fault).
 Per fault: detected (fault to incident), stalled (time without a step, gaps
 over 2 s), resumed (fault to the third step after the last such gap; 0 when
 training never stopped), and the world size training ended on. The baseline
-runs the same rounds with ``act=False``: incidents are made, no step that acts
-is sent.
+runs the same rounds either with the trainer re-forming through torchrun's
+rendezvous (``--baseline torchrun``, the default: every worker restarts on a
+change of members, as before the membership coordinator) or with ``act=False``
+(``--baseline watch-only``: incidents are made, no step that acts is sent).
 
     .venv/bin/python benchmarks/bench_loop.py --out /tmp/loop.json
 """
@@ -37,7 +39,7 @@ from console.demo.progress import StepPoint  # noqa: E402
 from console.demo.session import DemoOptions, DemoSession  # noqa: E402
 
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
-GAP_S = 2.0  # a checkpoint write pauses steps for about 1 s here; longer than this is a stall
+GAP_S = 1.0  # steps come every ~0.05-0.3 s here (checkpoints are written in the background); a longer gap is a stall
 RESUMED_STEPS = 3
 
 # (node, fault) pairs per round: first one that must not take the node out, then one that must.
@@ -86,11 +88,12 @@ def stall(points: list[StepPoint], t0: float, end: float) -> tuple[float, float 
     return stalled, later[RESUMED_STEPS - 1].at - t0
 
 
-async def one_round(index: int, faults: list[tuple[str, FaultSpec]], act: bool, window: float,
+async def one_round(index: int, faults: list[tuple[str, FaultSpec]], mode: str, window: float,
                     base: Path) -> list[FaultResult]:
-    mode = "acting" if act else "watch-only"
+    act = mode != "watch-only"
+    trainer = TINY_TRAINER + (["--membership=torchrun"] if mode == "torchrun" else [])
     session = DemoSession(DemoOptions(
-        cluster=ClusterOptions(nodes=3, gpus=2, interval=0.5, trainer_args=TINY_TRAINER),
+        cluster=ClusterOptions(nodes=3, gpus=2, interval=0.5, trainer_args=trainer),
         directory=str(base / f"{mode}-round{index}"), tick_interval=0.25, act=act,
     ))
     results = []
@@ -168,10 +171,10 @@ def aggregate(rows: list[FaultResult], window: float) -> dict[str, object]:
 async def main_async(args: argparse.Namespace) -> int:
     base = Path(args.keep or tempfile.mkdtemp(prefix="gridwatch-bench-loop-"))
     rows: list[FaultResult] = []
-    modes = [True] if args.no_baseline else [True, False]
-    for act in modes:
+    modes = ["acting"] if args.no_baseline else ["acting", args.baseline]
+    for mode in modes:
         for index, faults in enumerate(ROUNDS[: args.rounds], start=1):
-            rows += await one_round(index, faults, act, args.window, base)
+            rows += await one_round(index, faults, mode, args.window, base)
             if args.out:
                 Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
@@ -183,7 +186,7 @@ async def main_async(args: argparse.Namespace) -> int:
               f"{fmt(r.resumed_s) if r.resumed_s is not None else f'> {args.window:g} s'} | {r.world_end} | "
               f"{','.join(r.actions) or '-'} |")
     summary = {}
-    for mode in ("acting", "watch-only"):
+    for mode in modes:
         mine = [r for r in rows if r.mode == mode]
         if mine:
             summary[mode] = aggregate(mine, args.window)
@@ -197,7 +200,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=len(ROUNDS), help=f"rounds of two faults (at most {len(ROUNDS)})")
     parser.add_argument("--window", type=float, default=80.0, help="longest watch per fault, seconds")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the watch-only rounds")
+    parser.add_argument("--baseline", choices=("torchrun", "watch-only"), default="torchrun",
+                        help="the rounds to compare with (default: acting, with torchrun re-forming the job)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline rounds")
     parser.add_argument("--keep", metavar="DIR", help="keep each round's demo directory under DIR")
     parser.add_argument("--out", metavar="PATH", help="write every fault's result and the summary as JSON")
     args = parser.parse_args()

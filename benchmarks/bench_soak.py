@@ -1,11 +1,14 @@
-"""Goodput in a chaos soak: a headless demo with a random fault about every minute, playbooks acting vs watching.
+"""Goodput in a chaos soak: a headless demo with a random fault about every minute, against a baseline soak.
 
 Runs ``gridwatch demo --headless --chaos --json`` for ``--minutes`` (default 10),
 then, unless ``--no-baseline``, the same soak (same seed, so the same fault
-choices; after it, or beside it with ``--parallel``) with ``--watch-only``: incidents are made but no step that acts is
-sent. Prints each run's incidents and a table of goodput (productive training
-time over wall time, from the demo's summary) with the ratio; ``--out`` keeps
-both summaries as JSON.
+choices; after it, or beside it with ``--parallel``) as the baseline:
+``--baseline torchrun`` (default) acts alike but the trainer re-forms through
+torchrun's rendezvous, restarting every worker, as gridwatch's trainer did
+before its membership coordinator; ``--baseline watch-only``: incidents are
+made but no step that acts is sent. Prints each run's incidents and a table of
+goodput (productive training time over wall time, from the demo's summary)
+with the ratio; ``--out`` keeps both summaries as JSON.
 
     .venv/bin/python benchmarks/bench_soak.py --minutes 10 --out /tmp/soak.json
 """
@@ -27,15 +30,17 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
 
 
-def soak(minutes: float, every: float, seed: int, nodes: int, watch_only: bool, keep: Path | None,
+def soak(minutes: float, every: float, seed: int, nodes: int, mode: str, keep: Path | None,
          trainer: list[str]) -> dict:
     directory = keep or Path(tempfile.mkdtemp(prefix="gridwatch-soak-"))
     argv = [sys.executable, "-m", "console", "demo", "--headless", "--json", "--chaos",
             "--duration", f"{minutes * 60:g}", "--fault-every", f"{every:g}", "--seed", str(seed),
             "--nodes", str(nodes), "--gpus", "2", "--interval", "0.5", "--dir", str(directory),
             *(f"--train-arg={a}" for a in trainer)]
-    if watch_only:
+    if mode == "watch-only":
         argv.append("--watch-only")
+    elif mode == "torchrun":
+        argv.append("--train-arg=--membership=torchrun")
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=minutes * 60 + 300)
     (directory / "soak-output.txt").write_text(proc.stdout + proc.stderr)
@@ -43,7 +48,7 @@ def soak(minutes: float, every: float, seed: int, nodes: int, watch_only: bool, 
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the soak failed (exit {proc.returncode}); output in {directory / 'soak-output.txt'}")
     summary = json.loads(lines[-1])
-    summary["mode"] = "watch-only" if watch_only else "acting"
+    summary["mode"] = mode
     summary["dir"] = str(directory)
     summary["measured_wall_s"] = round(time.time() - started, 1)
     return summary
@@ -74,7 +79,9 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--no-baseline", action="store_true", help="skip the watch-only soak")
+    parser.add_argument("--baseline", choices=("torchrun", "watch-only"), default="torchrun",
+                        help="the soak to compare with (default: acting, with torchrun re-forming the job)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline soak")
     parser.add_argument("--parallel", action="store_true", help="run the two soaks at the same time")
     parser.add_argument("--tiny", action="store_true",
                         help=f"the tiny trainer of the loop tests ({' '.join(TINY_TRAINER)}) instead of the demo's own")
@@ -85,11 +92,10 @@ def main() -> int:
     trainer = TINY_TRAINER if args.tiny else []
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{args.nodes} nodes x 2 simulated GPUs, trainer {' '.join(trainer) or 'as gridwatch demo runs it'}")
-    modes = (False, True) if not args.no_baseline else (False,)
+    modes = ("acting", args.baseline) if not args.no_baseline else ("acting",)
 
-    def one(watch_only: bool) -> dict:
-        where = keep / ("watch-only" if watch_only else "acting") if keep else None
-        return soak(args.minutes, args.fault_every, args.seed, args.nodes, watch_only, where, trainer)
+    def one(mode: str) -> dict:
+        return soak(args.minutes, args.fault_every, args.seed, args.nodes, mode, keep / mode if keep else None, trainer)
 
     if args.parallel:
         # Both soaks share the machine at once: each sees the same load, and it takes half the time.
@@ -107,7 +113,7 @@ def main() -> int:
         print(f"| {run['mode']} | {run['wall_s']:.0f} s | {run['faults']} | {len(run['incidents'])} | "
               f"{fmt_pct(run['goodput'])} | {run['steps']} | {run['steps_lost']} |")
     if len(runs) == 2 and runs[0]["goodput"] and runs[1]["goodput"]:
-        print(f"\nratio acting / watch-only goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
+        print(f"\nratio acting / {runs[1]['mode']} goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
     return 0
 
 

@@ -112,9 +112,9 @@ class Membership:
         """The next generation after ours (one that takes this node, if ``want_member``); None after ``timeout``."""
         return wait_for_gen(self.store, self.number, self.node, timeout, time.monotonic, time.sleep, want_member)
 
-    def latest(self) -> Generation | None:
-        """The newest generation, whatever its members (None if there is none yet)."""
-        return read_gen(self.store, self.newest())
+    def read(self, number: int) -> Generation | None:
+        """Generation ``number``, whatever its members (None if it is not published)."""
+        return read_gen(self.store, number)
 
     def form(self, gen: Generation, backend: str, timeout: timedelta) -> None:
         """Leave the current process group (if any) and join ``gen``'s; raises if the group does not form."""

@@ -413,8 +413,8 @@ class Worker:
     def _change(self, newest: int) -> None:
         """Rank 0 saw generation ``newest``: every member is at this step; move to it (or stand by if not in it)."""
         assert self.membership is not None
-        gen = self.membership.latest()
-        if gen is None or gen.gen < newest:
+        gen = self.membership.read(newest)  # the number every rank agreed on, not whatever is newest now
+        if gen is None:
             return
         if self.node not in gen.members:
             # Dropped (thought dead, or slow): wait as a joiner; the next generation takes us back.
