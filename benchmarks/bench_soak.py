@@ -56,7 +56,8 @@ def soak(minutes: float, every: float, seed: int, nodes: int, mode: str, keep: P
 
 def show(summary: dict) -> None:
     print(f"## {summary['mode']}: {summary['faults']} faults, {len(summary['incidents'])} incidents, "
-          f"goodput {fmt_pct(summary['goodput'])}, last step {summary['steps']}, steps lost {summary['steps_lost']}")
+          f"goodput {fmt_pct(summary['goodput'])} (at the typical pace {fmt_pct(summary.get('paced_goodput'))}), "
+          f"last step {summary['steps']}, steps lost {summary['steps_lost']}")
     for row in summary["incidents"]:
         print(f"  {row['node']} {row['playbook']:<20} fault={row['fault'] or '-':<14} "
               f"detected={fmt_s(row['detected_s'])} recovered={fmt_s(row['recovered_s'])} "
@@ -107,11 +108,11 @@ def main() -> int:
         show(run)
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
-    print("\n| run | wall | faults | incidents | goodput | steps | steps lost |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| run | wall | faults | incidents | goodput | at the typical pace | steps | steps lost |")
+    print("|---|---|---|---|---|---|---|---|")
     for run in runs:
         print(f"| {run['mode']} | {run['wall_s']:.0f} s | {run['faults']} | {len(run['incidents'])} | "
-              f"{fmt_pct(run['goodput'])} | {run['steps']} | {run['steps_lost']} |")
+              f"{fmt_pct(run['goodput'])} | {fmt_pct(run.get('paced_goodput'))} | {run['steps']} | {run['steps_lost']} |")
     if len(runs) == 2 and runs[0]["goodput"] and runs[1]["goodput"]:
         print(f"\nratio acting / {runs[1]['mode']} goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
     return 0

@@ -12,7 +12,7 @@ import pytest
 
 from console.demo.chaos import Chaos, FaultSpec
 from console.demo.progress import StepPoint, TrainingWatch
-from console.demo.summary import FaultRecord, IncidentFacts, goodput, steps_lost, summarize
+from console.demo.summary import FaultRecord, IncidentFacts, goodput, paced_goodput, steps_lost, summarize
 from tests.conftest import wait_until, wait_until_sync
 
 PY = sys.executable
@@ -32,7 +32,9 @@ def test_goodput_is_one_without_faults_and_lower_with_a_stall() -> None:
     steady = points(*[(float(i), i) for i in range(11)])
     assert goodput(steady, end=10.0) == pytest.approx(1.0)
     stalled = points(*[(float(i), i) for i in range(6)], *[(float(i + 10), i) for i in range(6, 11)])
-    assert goodput(stalled, end=20.0) == pytest.approx(0.5)
+    # 9 steps of 1 s and one 11 s interval: 3 typical steps of it count as a slow step, the rest is a stall.
+    assert goodput(stalled, end=20.0) == pytest.approx(12 / 20)
+    assert paced_goodput(stalled, end=20.0) == pytest.approx(0.5)
 
 
 def test_goodput_counts_training_on_fewer_nodes_as_productive_and_redone_steps_against() -> None:
@@ -43,6 +45,17 @@ def test_goodput_counts_training_on_fewer_nodes_as_productive_and_redone_steps_a
     # The same, but restored 10 steps back on the way (10 steps of 2 s done twice, 20 s of 80).
     redo = [StepPoint(60.0 + 2 * i, 30 + i, 2) for i in range(1, 11)]
     assert goodput(three + two + redo, end=80.0) == pytest.approx(0.75)
+    assert paced_goodput(three + two + redo, end=80.0) == pytest.approx(0.75)
+
+
+def test_slow_steps_are_productive_but_not_at_the_typical_pace() -> None:
+    # 20 steps of 1 s, then 10 steps of 2 s (a busy machine): every step counts, the pace does not.
+    pts = [StepPoint(float(i), i, 2) for i in range(21)] + [StepPoint(20.0 + 2 * i, 20 + i, 2) for i in range(1, 11)]
+    assert goodput(pts, end=40.0) == pytest.approx(1.0)
+    assert paced_goodput(pts, end=40.0) == pytest.approx(30 / 40)
+    # A 30 s gap is a stall, not a slow step: only 3 typical steps of it count.
+    stalled = [StepPoint(float(i), i, 2) for i in range(21)] + [StepPoint(50.0 + i, 20 + i, 2) for i in range(1, 11)]
+    assert goodput(stalled, end=60.0) == pytest.approx((20 + 3 + 9) / 60)
 
 
 def test_summary_times_detection_and_recovery_from_the_fault() -> None:

@@ -104,6 +104,7 @@ class Worker:
         self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node)
         self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
         self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
+        self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
 
     # ----------------------------------------------------------------- reporting
 
@@ -229,6 +230,8 @@ class Worker:
             elif req.cmd == "leave":
                 vec[_LEAVE0 + self.rank] = 1
             elif req.cmd == "restart_from":
+                if self._restart_done(req.args):
+                    continue
                 target = restart_target(req.args)
                 vec[_RESTART] = 1
                 if target.newest:
@@ -241,6 +244,20 @@ class Worker:
             vec[_GEN] = self.membership.newest()
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         return vec
+
+    def _restart_done(self, args: dict[str, object]) -> bool:
+        """True if the job already restarted for this request's incident: a playbook sends one
+        restart to every node, and a node that (re)joined later must not roll the job back again."""
+        incident = str(args.get("incident") or "")[:200]
+        if self.membership is None or not incident:
+            return False
+        key = f"gw/restarted/{incident}"
+        if self.membership.store.check([key]):
+            self.event("checkpoint", f"restart_from for {incident} ignored: the job already restarted for it "
+                       f"(at step {self.membership.store.get(key).decode(errors='replace')})", "info")
+            return True
+        self._restart_incidents.append(incident)
+        return False
 
     def _handle(self, ctl: torch.Tensor) -> None:
         """Apply the controls every rank now agrees on."""
@@ -262,7 +279,11 @@ class Worker:
             if not restored:
                 wanted = f"step {exact}" if exact is not None else ("a step below " + str(below) if below is not None else "any step")
                 self.event("checkpoint", f"restart_from: no valid checkpoint at {wanted}; training goes on from step {here}", "error")
+            if self.membership is not None:
+                for incident in self._restart_incidents:
+                    self.membership.store.set(f"gw/restarted/{incident}", str(self.step))
             self.phase = "training"
+        self._restart_incidents = []
         if ctl[_PAUSE] > 0 and ctl[_RESUME] == 0:
             self._pause()
 

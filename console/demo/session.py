@@ -159,8 +159,9 @@ class DemoSession:
         """Name the checkpoint step for restart_from: the trainer wants a step, a playbook says "newest"."""
         if action != "restart_from" or "step" in args:
             return args
-        status = self.trainer_status.get(node)
-        steps = sorted(set(status.checkpoints.values())) if status is not None else []
+        # Every node gets the same step: the newest any trainer reports (a node that just rejoined
+        # may still show its old process's checkpoints).
+        steps = sorted({s for status in self.trainer_status.values() for s in status.checkpoints.values()})
         if args.get("checkpoint") == "before" and args.get("before_step") is not None:
             steps = [s for s in steps if s < int(args["before_step"])]
         if steps:

@@ -54,6 +54,7 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     steps: int | None
     goodput: float | None
     wall_s: float
+    paced_goodput: float | None = None  # the stricter figure: see paced_goodput()
     steps_lost: int
     faults: int
     faults_detected: int
@@ -74,33 +75,64 @@ def steps_lost(points: list[StepPoint]) -> int:
     return lost
 
 
-def goodput(points: list[StepPoint], end: float) -> float | None:
-    """Productive time over wall time, from the first step to ``end``.
+# An interval between two steps longer than this many typical steps is the job stalled
+# (re-forming, restoring, hung), not a slow step.
+STALL_STEPS = 3.0
 
-    Productive time is the net steps gained, each at the typical step time (the
-    median) of the world size it ran on: training on fewer nodes after one is
-    taken out is productive (as in Llama 3's "effective training time"), while
-    restarts, re-formations, redone steps and stalls count against it.
-    """
-    if len(points) < 3:
-        return None
+
+def _typical(points: list[StepPoint]) -> tuple[dict[int | None, float], float] | None:
+    """Median step time per world size (and overall): a job on fewer nodes steps at its own pace."""
     per_world: dict[int | None, list[float]] = {}
     for a, b in zip(points, points[1:]):
         if b.step > a.step:
             per_world.setdefault(b.world, []).append((b.at - a.at) / (b.step - a.step))
     if not per_world:
         return None
-    wall = end - points[0].at
-    if wall <= 0:
-        return None
     overall = statistics.median(t for times in per_world.values() for t in times)
-    typical = {w: statistics.median(times) if len(times) >= 10 else overall for w, times in per_world.items()}
+    return {w: statistics.median(times) if len(times) >= 10 else overall for w, times in per_world.items()}, overall
+
+
+def goodput(points: list[StepPoint], end: float) -> float | None:
+    """Productive time over wall time, from the first step to ``end``.
+
+    Productive time is the time spent in steps that count: every interval
+    between two steps, up to ``STALL_STEPS`` typical steps of its world size
+    (beyond that the job was stalled: re-forming, restoring, hung). Steps done
+    again after a restore count once. Training on fewer nodes after one is taken
+    out is productive, as in Llama 3's "effective training time"; a slow step
+    (a checkpoint written beside it, a busy machine) is too.
+    """
+    typical = _typical(points) if len(points) >= 3 else None
+    wall = end - points[0].at if points else 0.0
+    if typical is None or wall <= 0:
+        return None
+    pace, overall = typical
     productive = 0.0
     for a, b in zip(points, points[1:]):
         if b.step > a.step:
-            productive += (b.step - a.step) * typical.get(b.world, overall)
+            productive += min(b.at - a.at, (b.step - a.step) * STALL_STEPS * pace.get(b.world, overall))
         else:  # a restore: the steps about to be redone were counted once already
-            productive -= (a.step - b.step) * typical.get(a.world, overall)
+            productive -= (a.step - b.step) * pace.get(a.world, overall)
+    return max(0.0, min(1.0, productive / wall))
+
+
+def paced_goodput(points: list[StepPoint], end: float) -> float | None:
+    """Net steps gained, each at the typical step time of its world size, over wall time.
+
+    Stricter than :func:`goodput`: every step slower than the median counts
+    against it too (stragglers, checkpoint writes, a busy machine).
+    """
+    typical = _typical(points) if len(points) >= 3 else None
+    wall = end - points[0].at if points else 0.0
+    if typical is None or wall <= 0:
+        return None
+    pace, overall = typical
+    productive = 0.0
+    for a, b in zip(points, points[1:]):
+        if b.step > a.step:
+            productive += (b.step - a.step) * pace.get(b.world, overall)
+        else:
+            productive -= (a.step - b.step) * pace.get(a.world, overall)
     return max(0.0, min(1.0, productive / wall))
 
 
@@ -149,6 +181,7 @@ def summarize(faults: list[FaultRecord], incidents: list[IncidentFacts], points:
     return DemoSummary(
         steps=points[-1].step if points else None,
         goodput=round(g, 4) if (g := goodput(points, end)) is not None else None,
+        paced_goodput=round(g, 4) if (g := paced_goodput(points, end)) is not None else None,
         wall_s=round(end - started, 3), steps_lost=steps_lost(points), faults=len(faults),
         faults_detected=len(answered), incidents=rows,
         detect_median_s=statistics.median(detect) if detect else None, detect_worst_s=max(detect) if detect else None,
@@ -172,7 +205,8 @@ def render(summary: DemoSummary) -> list[str]:
     lines.append(f"detect median {_s(summary.detect_median_s)} worst {_s(summary.detect_worst_s)}; "
                  f"recover median {_s(summary.recover_median_s)} worst {_s(summary.recover_worst_s)}")
     good = "-" if summary.goodput is None else f"{summary.goodput * 100:.1f} %"
+    paced = "" if summary.paced_goodput is None else f" ({summary.paced_goodput * 100:.1f} % at the typical step pace)"
     lines.append(f"training: last step {summary.steps if summary.steps is not None else '-'}, "
-                 f"steps lost {summary.steps_lost}, goodput {good}")
+                 f"steps lost {summary.steps_lost}, goodput {good}{paced}")
     lines.extend(f"note: {note}" for note in summary.notes)
     return lines
