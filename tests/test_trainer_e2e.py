@@ -162,3 +162,27 @@ def test_a_node_leaves_and_rejoins_in_place_and_the_run_stays_exact(tmp_path: Pa
     log = (tmp_path / "run" / "logs" / "node-1.log").read_text()
     assert "restored step" not in log, "nothing was read back from a checkpoint"
     assert "generation 3" in log
+
+
+def test_one_incident_restarts_the_job_once_even_if_a_node_asks_again(tmp_path: Path) -> None:
+    cfg = tiny(tmp_path / "run", steps=100_000)
+    run = start_local_run(cfg, ["node-1", "node-2"])
+    s1, s2 = run.socket_path("node-1"), run.socket_path("node-2")
+
+    def events(sock: str) -> list[str]:
+        try:
+            return [str(e.message) for e in asyncio.run(read_status(sock)).events]
+        except TrainerUnavailable:
+            return []
+
+    try:
+        wait_until_sync(lambda: run.last_step() >= 6, 60, "training")
+        ask = {"checkpoint": "newest", "incident": "xid-hardware:node-3:1"}
+        assert asyncio.run(request(s1, "restart_from", ask)).ok
+        wait_until_sync(lambda: any("restored step" in m for m in events(s1)), 30, "the job restarted")
+        # The same incident's restart reaching another node later (it had just rejoined) is not a second rollback.
+        assert asyncio.run(request(s2, "restart_from", ask)).ok
+        wait_until_sync(lambda: any("ignored: the job already restarted" in m for m in events(s2)), 30, "ignored")
+        assert sum("restored step" in m for m in events(s1)) == 1
+    finally:
+        run.stop()
