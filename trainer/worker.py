@@ -516,6 +516,11 @@ class Worker:
                 self.log.info("no checkpoint found: starting at step 0")
                 self._truncate_metrics(0)
         else:
+            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+            if restarts:
+                # Under the coordinator torchrun restarts only this node's worker, and only when it died.
+                self.event("trainer_restarted", f"the trainer on {self.node} was restarted by torchrun (restart {restarts}): "
+                           "the previous process died; it rejoins the job", "error", restarts=restarts)
             self.phase = "joining"
             self.membership.start()  # only now: the model and data are ready
             gen = self.membership.wait(self.cfg.startup_deadline_s)
