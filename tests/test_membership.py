@@ -181,3 +181,16 @@ def test_odd_states_parse_without_raising(value: str) -> None:
     from trainer.membership import parse_state
 
     assert parse_state(value)[0] in ("unknown", "member", "join")
+
+
+def test_a_worker_counted_before_its_name_is_written_is_not_lost() -> None:
+    c = Cluster(first_window=1.0)
+    c.start("a")
+    c.store.add("gw/nreg", 1)  # b has taken its number; the coordinator ticks before b writes its name
+    assert c.run(0.25, ("a",)) == []
+    index = int(c.store.get("gw/nreg"))
+    c.store.set(f"gw/reg/{index}", "b")
+    c.beats["b"] = Heartbeat(c.store, "b")
+    c.beats["b"].beat()
+    gens = c.run(2.0, ("a", "b"))
+    assert [g.members for g in gens] == [["a", "b"]]

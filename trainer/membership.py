@@ -121,9 +121,10 @@ class Coordinator:
         count = self.store.add("gw/nreg", 0)
         for i in range(self._registered + 1, count + 1):
             key = f"gw/reg/{i}"
-            if self.store.check([key]):
-                self.seen.setdefault(self.store.get(key).decode(errors="replace"), _Seen())
-        self._registered = count
+            if not self.store.check([key]):
+                break  # counted but not written yet: read it on the next tick
+            self.seen.setdefault(self.store.get(key).decode(errors="replace"), _Seen())
+            self._registered = i
         now = self.clock()
         for node, s in self.seen.items():
             key = f"gw/hb/{node}"
