@@ -50,8 +50,9 @@ MAX_EVENTS = 64
 # Control slots, all-reduced with MAX so every rank applies the same controls.
 # _EXACT holds step+1 of an exact restart; _BELOW holds -bound so MAX picks the
 # earliest "before" bound asked for (NO_BOUND when none).
-# _GEN carries the newest generation rank 0 saw, so every rank changes group at the same step.
-_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _GEN, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7, 8
+# _GEN carries the newest generation rank 0 saw, so every rank changes group at the same step;
+# _PAUSED says a rank is paused, so a node joining a paused job pauses with it.
+_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _GEN, _PAUSED, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 NO_BOUND = float(2**52)
 
 
@@ -242,6 +243,8 @@ class Worker:
                     vec[_BELOW] = max(float(vec[_BELOW]), -float(target.below))
         if self.membership is not None and self.rank == 0:
             vec[_GEN] = self.membership.newest()
+        if self.paused:
+            vec[_PAUSED] = 1
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         return vec
 
@@ -284,7 +287,7 @@ class Worker:
                     self.membership.store.set(f"gw/restarted/{incident}", str(self.step))
             self.phase = "training"
         self._restart_incidents = []
-        if ctl[_PAUSE] > 0 and ctl[_RESUME] == 0:
+        if (ctl[_PAUSE] > 0 or ctl[_PAUSED] > 0) and ctl[_RESUME] == 0 and not self.paused:
             self._pause()
 
     def _pause(self) -> None:
