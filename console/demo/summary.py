@@ -92,6 +92,24 @@ def _typical(points: list[StepPoint]) -> tuple[dict[int | None, float], float] |
     return {w: statistics.median(times) if len(times) >= 10 else overall for w, times in per_world.items()}, overall
 
 
+def _productive_share(points: list[StepPoint], end: float, stall_steps: float | None) -> float | None:
+    """Productive time over wall time from the first step to ``end``; each forward interval counts as
+    long as it took, capped at ``stall_steps`` typical steps (None: exactly the typical steps)."""
+    typical = _typical(points) if len(points) >= 3 else None
+    wall = end - points[0].at if points else 0.0
+    if typical is None or wall <= 0:
+        return None
+    pace, overall = typical
+    productive = 0.0
+    for a, b in zip(points, points[1:]):
+        if b.step > a.step:
+            at_pace = (b.step - a.step) * pace.get(b.world, overall)
+            productive += at_pace if stall_steps is None else min(b.at - a.at, stall_steps * at_pace)
+        else:  # a restore: the steps about to be redone were counted once already
+            productive -= (a.step - b.step) * pace.get(a.world, overall)
+    return max(0.0, min(1.0, productive / wall))
+
+
 def goodput(points: list[StepPoint], end: float) -> float | None:
     """Productive time over wall time, from the first step to ``end``.
 
@@ -102,18 +120,7 @@ def goodput(points: list[StepPoint], end: float) -> float | None:
     out is productive, as in Llama 3's "effective training time"; a slow step
     (a checkpoint written beside it, a busy machine) is too.
     """
-    typical = _typical(points) if len(points) >= 3 else None
-    wall = end - points[0].at if points else 0.0
-    if typical is None or wall <= 0:
-        return None
-    pace, overall = typical
-    productive = 0.0
-    for a, b in zip(points, points[1:]):
-        if b.step > a.step:
-            productive += min(b.at - a.at, (b.step - a.step) * STALL_STEPS * pace.get(b.world, overall))
-        else:  # a restore: the steps about to be redone were counted once already
-            productive -= (a.step - b.step) * pace.get(a.world, overall)
-    return max(0.0, min(1.0, productive / wall))
+    return _productive_share(points, end, STALL_STEPS)
 
 
 def paced_goodput(points: list[StepPoint], end: float) -> float | None:
@@ -122,18 +129,7 @@ def paced_goodput(points: list[StepPoint], end: float) -> float | None:
     Stricter than :func:`goodput`: every step slower than the median counts
     against it too (stragglers, checkpoint writes, a busy machine).
     """
-    typical = _typical(points) if len(points) >= 3 else None
-    wall = end - points[0].at if points else 0.0
-    if typical is None or wall <= 0:
-        return None
-    pace, overall = typical
-    productive = 0.0
-    for a, b in zip(points, points[1:]):
-        if b.step > a.step:
-            productive += (b.step - a.step) * pace.get(b.world, overall)
-        else:
-            productive -= (a.step - b.step) * pace.get(a.world, overall)
-    return max(0.0, min(1.0, productive / wall))
+    return _productive_share(points, end, None)
 
 
 # Training counts as resumed once it has gained this many steps after the plan ended.
