@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -73,11 +74,16 @@ class ViewScreen(Screen[None]):
 
     def tick(self) -> None:
         """Redraw from the store: the view, then the status bar."""
-        if not self._ready:
-            return  # pushed but not composed yet; its on_mount draws it
-        self.refresh_view()
-        incidents = self.gw.open_incident_count()
-        self.query_one(StatusBar).show(self.store.summary(), self.runtime.read_only, incidents, self.gw.note)
+        if not self._ready or not self.is_attached:
+            return  # pushed but not composed yet (its on_mount draws it), or being taken down
+        try:
+            self.refresh_view()
+            incidents = self.gw.open_incident_count()
+            self.query_one(StatusBar).show(self.store.summary(), self.runtime.read_only, incidents, self.gw.note)
+        except NoMatches:
+            # The timer can fire while the screen's widgets are being removed (a view popped,
+            # the app closing): there is nothing left to draw, and that is no error.
+            return
 
     def refresh_view(self) -> None:
         """Subclasses redraw their widgets from the store here."""
