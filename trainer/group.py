@@ -60,7 +60,7 @@ class Membership:
     def __init__(self, endpoint: str, node: str, connect_timeout: float = 60.0) -> None:
         host, port = parse_endpoint(endpoint)
         timeout = timedelta(seconds=connect_timeout)
-        # One client for the loop, one for the heartbeat thread: a client is not shared across threads.
+        # One client for the loop, one for the heartbeat (used under its lock): a client is not thread-safe.
         self.store = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
         self.node = node
         self.port = port

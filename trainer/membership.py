@@ -259,7 +259,9 @@ class Heartbeat:
                 try:
                     self.beat()
                     if self.on_beat is not None:
-                        self.on_beat(newest_gen(self.store))
+                        with self._lock:  # the store client is shared with set() from the loop's thread
+                            newest = newest_gen(self.store)
+                        self.on_beat(newest)
                 except Exception as exc:  # the store is gone: the coordinator will drop us
                     logger.bind(node=self.node).warning("heartbeat failed: {}", exc)
 

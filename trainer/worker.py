@@ -352,8 +352,7 @@ class Worker:
             self.log.error("no new generation after {} left; exiting so the node is started again", names)
             self._exit(EXIT_REFORM)
         assert nxt is not None
-        if self.node not in nxt.members:
-            nxt = self._wait_after_failure(RuntimeError(f"generation {nxt.gen} does not include {self.node}"))
+        nxt = self._member_of(nxt)
         self.log.info("{} left at step {}; going on in generation {}", names, self.step, nxt.gen)
         self._enter(nxt)
 
@@ -372,10 +371,7 @@ class Worker:
         while True:
             self.phase = "re-forming"
             self.deadline.feed(self.cfg.startup_deadline_s)
-            limit = _init_limit(self.cfg)
-            watchdog = threading.Timer(limit, _init_timed_out, args=(self.node, limit))
-            watchdog.daemon = True
-            watchdog.start()
+            watchdog = _init_watchdog(self.cfg, self.node)
             try:
                 self.membership.form(gen, self.backend, _pg_timeout(self.cfg, membership=True))
                 self._adopt()
@@ -394,7 +390,8 @@ class Worker:
         if gen.sync == "restore":
             if self.restore():
                 return
-            if self.membership is not None and self.membership.number <= 1 and self.step == 0:
+            assert self.membership is not None
+            if self.membership.number <= 1 and self.step == 0:
                 if self.rank == 0:
                     self.log.info("no checkpoint found: starting at step 0")
                     self._truncate_metrics(0)
@@ -440,10 +437,13 @@ class Worker:
         gen = self.membership.read(newest)  # the number every rank agreed on, not whatever is newest now
         if gen is None:
             return
-        if self.node not in gen.members:
-            # Dropped (thought dead, or slow): wait as a joiner; the next generation takes us back.
-            gen = self._wait_after_failure(RuntimeError(f"generation {gen.gen} does not include {self.node}"))
-        self._enter(gen)
+        self._enter(self._member_of(gen))
+
+    def _member_of(self, gen: Generation) -> Generation:
+        """``gen``, or, if it dropped this node (thought dead, or slow), the next one that takes it back."""
+        if self.node in gen.members:
+            return gen
+        return self._wait_after_failure(RuntimeError(f"generation {gen.gen} does not include {self.node}"))
 
     def train_step(self) -> None:
         cfg = self.cfg
@@ -535,7 +535,7 @@ class Worker:
         self.phase = "training"
         # With a coordinator, a hung collective times out first (and the job re-forms in place);
         # the deadline is the last resort.
-        deadline = self.cfg.progress_deadline_s * (1 if self.membership is None else 2) + (0 if self.membership is None else 5)
+        deadline = self.cfg.progress_deadline_s if self.membership is None else 2 * self.cfg.progress_deadline_s + 5
         self.deadline.feed(deadline)
         while self.step < self.cfg.steps:
             try:
@@ -596,6 +596,19 @@ def _pg_timeout(cfg: TrainConfig, membership: bool) -> timedelta:
     return timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
 
 
+def _init_watchdog(cfg: TrainConfig, node: str) -> threading.Timer:
+    """Exit if forming a process group takes past the limit (cancel it once the group is up).
+
+    Forming can wait far past the collective timeout when a member is gone
+    (gloo's full-mesh connect waits for it); exiting lets the node start again.
+    """
+    limit = _init_limit(cfg)
+    watchdog = threading.Timer(limit, _init_timed_out, args=(node, limit))
+    watchdog.daemon = True
+    watchdog.start()
+    return watchdog
+
+
 def _init_timed_out(node: str, limit: float) -> None:
     logger.bind(node=node).error("the process group did not form within {:.0f} s; exiting so the job re-forms", limit)
     logger.complete()
@@ -634,30 +647,20 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     endpoint = os.environ.get(STORE_ENV)
+    membership = None
     if endpoint:
         try:
             membership = Membership(endpoint, node)
         except (ValueError, RuntimeError) as exc:
             logger.bind(node=node).error("cannot reach the job's store at {}: {}", endpoint, exc)
             return EXIT_REFORM
-        try:
-            return Worker(cfg, node, backend, membership).run()
-        except Exception as exc:
-            logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
-            logger.complete()
-            os._exit(1)
-    timeout = _pg_timeout(cfg, membership=False)
-    # Forming the group can wait far past ``timeout`` when the rendezvous still
-    # counts a node that just left (gloo's full-mesh connect waits for it): give
-    # up and exit, so torchrun re-forms without it.
-    watchdog = threading.Timer(_init_limit(cfg), _init_timed_out, args=(node, _init_limit(cfg)))
-    watchdog.daemon = True
-    watchdog.start()
-    dist.init_process_group(backend, timeout=timeout)
-    watchdog.cancel()
+    else:
+        # torchrun's rendezvous made the group; this process lives as long as its membership.
+        watchdog = _init_watchdog(cfg, node)
+        dist.init_process_group(backend, timeout=_pg_timeout(cfg, membership=False))
+        watchdog.cancel()
     try:
-        worker = Worker(cfg, node, backend)
-        return worker.run()
+        return Worker(cfg, node, backend, membership).run()
     except Exception as exc:
         # A peer that died makes the next collective fail: exit so torchrun re-forms.
         logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
