@@ -172,6 +172,9 @@ class Frame(msgspec.Struct, tag_field="type", kw_only=True):
 
 class Hello(Frame, tag="hello"):
     agent_version: Text = Text("")
+    # A new value each time the agent process starts: a console that sees it
+    # change knows the seq numbering restarted, whatever the numbers say.
+    boot_id: Text = Text("")
     role: Text = Text("viewer")  # what the key this client used is allowed
     interval: float = 1.0
     first_seq: int = 0  # oldest seq still in the agent's buffer
