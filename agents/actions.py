@@ -28,6 +28,11 @@ def _result(action: p.Action, ok: bool, message: str, **data: Any) -> p.ActionRe
     return p.ActionResult(id=action.id, action=action.action, ok=ok, message=p.Text(message), data=data)
 
 
+def _unchanged(action: p.Action, ok: bool, message: str, **data: Any) -> p.ActionResult:
+    """A result for an action that changed nothing: the agent publishes no event for it."""
+    return _result(action, ok, message, changed=False, **data)
+
+
 def _int_arg(args: dict[str, Any], name: str) -> int | None:
     value = args.get(name)
     if value is None:
@@ -47,16 +52,16 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
         gpu = _int_arg(action.args, "gpu")
         code = _int_arg(action.args, "code")
     except ValueError as exc:
-        return _result(action, False, str(exc))
+        return _unchanged(action, False, str(exc))
     if kind in GPU_FAULTS:
         if agent.gpus is None or not getattr(agent.gpus, "simulated", False):
-            return _result(action, False, "faults can only be injected into simulated GPUs; this node has real ones")
+            return _unchanged(action, False, "faults can only be injected into simulated GPUs; this node has real ones")
         if kind == "xid" and code is None:
-            return _result(action, False, "an xid fault needs a code (e.g. --code 79)")
+            return _unchanged(action, False, "an xid fault needs a code (e.g. --code 79)")
         try:
             what = agent.gpus.inject(kind, gpu=gpu, code=code)  # type: ignore[attr-defined]
         except ValueError as exc:
-            return _result(action, False, str(exc))
+            return _unchanged(action, False, str(exc))
         agent.event("fault_injected", f"injected {what}", severity="info", fault=kind, gpu=gpu, code=code)
         return _result(action, True, f"injected {what}")
     if kind == "net-cut":
@@ -72,12 +77,12 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
         status = agent.trainer.status if agent.trainer is not None else None  # type: ignore[attr-defined]
         pid = status.pid if status is not None else None
         if not pid or not pid_alive(pid):
-            return _result(action, False, "no local trainer process to fault")
+            return _unchanged(action, False, "no local trainer process to fault")
         sig = signal.SIGSTOP if kind == "trainer-hang" else signal.SIGKILL
         os.kill(pid, sig)
         agent.event("fault_injected", f"injected {kind} (pid {pid})", severity="info", fault=kind, pid=pid)
         return _result(action, True, f"{kind}: sent {sig.name} to trainer pid {pid}")
-    return _result(action, False, f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    return _unchanged(action, False, f"unknown fault kind {p.clean_text(kind, 60)!r}; known: {', '.join(FAULT_KINDS)}")
 
 
 async def clear_faults(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
@@ -87,10 +92,22 @@ async def clear_faults(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
     return _result(action, True, "faults cleared")
 
 
+def _not_persisted(agent: Agent, action: p.Action, what: str, exc: OSError) -> p.ActionResult:
+    return _unchanged(
+        action,
+        False,
+        f"{what}: the state file {agent.config.state_file} could not be written ({exc.strerror or exc}), "
+        "so the change would not survive an agent restart; free the disk or fix the path and try again",
+    )
+
+
 async def isolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if agent.isolated:
-        return _result(action, True, "already isolated")
-    agent.set_isolated(True)
+        return _unchanged(action, True, "already isolated")
+    try:
+        agent.set_isolated(True)
+    except OSError as exc:
+        return _not_persisted(agent, action, "not isolated", exc)
     agent.event("isolated", f"node isolated by {caller.username}: {action.reason}", severity="warning")
     left = ""
     if agent.trainer is not None:
@@ -101,8 +118,11 @@ async def isolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionRes
 
 async def unisolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if not agent.isolated:
-        return _result(action, True, "was not isolated")
-    agent.set_isolated(False)
+        return _unchanged(action, True, "was not isolated")
+    try:
+        agent.set_isolated(False)
+    except OSError as exc:
+        return _not_persisted(agent, action, "still isolated", exc)
     agent.event("unisolated", f"node returned to service by {caller.username}: {action.reason}", severity="info")
     return _result(action, True, "returned to service")
 
@@ -118,9 +138,10 @@ async def trainer_control(agent: Agent, caller: Caller, action: p.Action) -> p.A
 
 async def capture_scene(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     """Keep the scene before anyone touches it: frames, logs, trainer status, stacks."""
-    label = p.clean_text(str(action.args.get("label", "scene")), 60)
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-    where = Path(agent.config.scene_dir) / f"{time.strftime('%Y%m%dT%H%M%S')}-{safe}-{action.id}"
+    try:
+        where = scene_path(agent.config.scene_dir, str(action.args.get("label", "scene")), str(action.id), time.strftime("%Y%m%dT%H%M%S"))
+    except ValueError as exc:
+        return _unchanged(action, False, str(exc))
     try:
         files = await asyncio.to_thread(_write_scene, agent, where)
     except OSError as exc:
@@ -128,23 +149,56 @@ async def capture_scene(agent: Agent, caller: Caller, action: p.Action) -> p.Act
     return _result(action, True, f"scene kept in {where}", path=str(where), files=files)
 
 
+def _safe_part(text: str, limit: int) -> str:
+    cleaned = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in p.clean_text(text, limit))
+    # No name of only dots: "." and ".." are directories already.
+    return cleaned.strip(".") or "_"
+
+
+def scene_path(scene_dir: str, label: str, action_id: str, stamp: str) -> Path:
+    """Where one bundle goes: a single new name inside ``scene_dir``, whatever the label and id say.
+
+    Raises ValueError if the name would resolve outside the scene directory.
+    """
+    root = Path(scene_dir).resolve()
+    where = root / f"{stamp}-{_safe_part(label, 60)}-{_safe_part(action_id, 80)}"
+    if where.resolve().parent != root:
+        raise ValueError(f"scene name {where.name!r} would leave the scene directory {root}; not written")
+    return where
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # mkdir leaves an existing directory (or the umask) as it was
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def _write_scene(agent: Agent, where: Path) -> list[str]:
-    where.mkdir(parents=True, exist_ok=True)
+    # Bundles hold logs and stacks: only the agent's user may read them.
+    _private_dir(where.parent)
+    where.mkdir(mode=0o700)
+    os.chmod(where, 0o700)
     frames, _ = agent.ring.since(max(agent.ring.last_seq - 600, 0))
-    (where / "frames.jsonl").write_bytes(b"".join(frames))
+    _write_private(where / "frames.jsonl", b"".join(frames))
     files = ["frames.jsonl"]
     if agent.tailer is not None:
-        lines = agent.tailer.search(".", None, None, 5000)  # type: ignore[attr-defined]
-        (where / "logs.txt").write_text("".join(f"{ts:.3f} {src}: {line}\n" for src, line, ts in lines))
+        lines = agent.tailer.entries()[-5000:]  # type: ignore[attr-defined]
+        _write_private(where / "logs.txt", "".join(f"{ts:.3f} {src}: {line}\n" for src, line, ts in lines).encode())
         files.append("logs.txt")
     status = agent.trainer.status if agent.trainer is not None else None  # type: ignore[attr-defined]
     if status is not None:
-        (where / "trainer.json").write_bytes(p.encode(p.Sample(trainer=status)))
+        _write_private(where / "trainer.json", p.encode(p.Sample(trainer=status)))
         files.append("trainer.json")
         if status.pid and pid_alive(status.pid):
-            (where / "stacks.txt").write_text(_process_stacks(status.pid))
+            _write_private(where / "stacks.txt", _process_stacks(status.pid).encode())
             files.append("stacks.txt")
-    (where / "meta.json").write_text(json.dumps({"node": str(agent.node), "seq": agent.ring.last_seq, "isolated": agent.isolated}))
+    meta = json.dumps({"node": str(agent.node), "seq": agent.ring.last_seq, "isolated": agent.isolated})
+    _write_private(where / "meta.json", meta.encode())
     files.append("meta.json")
     return files
 
@@ -168,7 +222,7 @@ async def preflight(agent: Agent, caller: Caller, action: p.Action) -> p.ActionR
         from agents.preflight import run_checks  # type: ignore[import-not-found]
     except ImportError:
         return _result(action, False, "this agent has no pre-flight checks")
-    return await run_checks(agent, action)
+    return await run_checks(agent, action, caller.role)
 
 
 HANDLERS = {

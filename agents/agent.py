@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,12 +22,20 @@ from loguru import logger
 
 from agents import protocol as p
 from agents.config import AgentConfig
+from agents.logsearch import SearchRefused, SearchTimeout, search_entries
+from agents.ratelimit import KeyedBuckets, LogLimiter
 from agents.ringbuffer import FrameRing
 
 AGENT_VERSION = "0.1.0"
-# A client's private replies (action results, log lines) beyond this are dropped
-# and counted: a console that never reads must not grow the agent's memory.
+# A client's private replies (action results, log lines) waiting to be sent. A
+# console that lets more pile up is not reading: its session is closed with a
+# reason (and the replies it missed are counted) rather than losing one silently
+# or growing the agent's memory.
 MAX_REPLIES = 2000
+# Actions and searches one session may have running at once.
+MAX_PENDING = 16
+# Search workers running at once on a node, whoever asked.
+MAX_SEARCHES = 2
 # Frames written per wake-up, so one client catching up does not starve others.
 WRITE_BATCH = 256
 
@@ -51,16 +60,28 @@ class ClientStream:
     cursor: int = 0
     subscribed: bool = False
     logs: bool = False
-    replies: deque[bytes] = field(default_factory=lambda: deque(maxlen=MAX_REPLIES))
+    replies: deque[bytes] = field(default_factory=deque)
     dropped: int = 0
+    pending: int = 0  # actions and searches admitted and not yet answered
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    # Called once when the replies overflow; the agent closes the session with a reason there.
+    on_overflow: Callable[[ClientStream], None] | None = None
 
-    def reply(self, data: bytes) -> None:
-        if len(self.replies) == self.replies.maxlen:
+    def reply(self, data: bytes) -> bool:
+        """Queue a private reply; False (and counted) when the session is closed or overflowing."""
+        if self.closed:
             self.dropped += 1
+            return False
+        if len(self.replies) >= MAX_REPLIES:
+            self.dropped += 1
+            if self.on_overflow is not None:
+                overflow, self.on_overflow = self.on_overflow, None
+                overflow(self)
+            return False
         self.replies.append(data)
         self.wake.set()
+        return True
 
 
 ActionHandler = Callable[["Agent", Caller, p.Action], Awaitable[p.ActionResult]]
@@ -81,6 +102,7 @@ class Agent:
         stack: p.StackFingerprint | None = None,
         notes: list[str] | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.node = p.Text(p.clean_text(config.node_name, 200))
@@ -93,11 +115,20 @@ class Agent:
         self.stack = stack or p.StackFingerprint()
         self.notes = [p.Text(n) for n in (notes or [])]
         self.clock = clock
+        # New on every start: a console that sees it change knows the seq numbering restarted.
+        self.boot_id = uuid.uuid4().hex
         self.ring = FrameRing(config.ring_frames)
         self.clients: set[ClientStream] = set()
         self.isolated = self._load_isolated()
         self.net_cut = False  # injected fault: the agent stays up but says nothing
-        self.dropped_frames = 0
+        self.dropped_frames = 0  # frames evicted from the ring before a client read them, each counted once
+        self._lost_to = 0  # highest seq already counted in dropped_frames
+        self.dropped_replies = 0  # replies that closed sessions could not be sent
+        self.refused_requests = 0  # actions and searches refused for a key over its budget
+        self.budgets = KeyedBuckets(config.action_rate, config.action_burst, monotonic)
+        self._refusal_log = LogLimiter(clock=monotonic)
+        self.searches = 0  # search workers running now
+        self.preflight_running: str | None = None  # id of the pre-flight this node is running
         self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []  # type: ignore[attr-defined]
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
@@ -123,18 +154,19 @@ class Agent:
             return False
 
     def set_isolated(self, value: bool) -> None:
-        """Isolation survives an agent restart: a node taken out stays out until returned."""
+        """Isolation survives an agent restart: a node taken out stays out until returned.
+
+        The state file is written (and synced) first; raises OSError, with the
+        node's state unchanged, when it cannot be.
+        """
+        if self.config.state_file:
+            path = Path(self.config.state_file)
+            try:
+                _write_durably(path, json.dumps({"isolated": value}).encode())
+            except OSError as exc:
+                self.log.error("could not persist isolation to {}: {}; the node stays as it was", path, exc.strerror or exc)
+                raise
         self.isolated = value
-        if not self.config.state_file:
-            return
-        path = Path(self.config.state_file)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"isolated": value}))
-            os.replace(tmp, path)
-        except OSError as exc:
-            self.log.error("could not persist isolation to {}: {}", path, exc.strerror or exc)
 
     # ----------------------------------------------------------------- frames
 
@@ -167,6 +199,7 @@ class Agent:
     def hello(self, role: str) -> bytes:
         frame = p.Hello(
             agent_version=p.Text(AGENT_VERSION),
+            boot_id=p.Text(self.boot_id),
             role=p.Text(role),
             interval=self.config.interval,
             first_seq=self.ring.first_seq,
@@ -271,8 +304,33 @@ class Agent:
 
     # ----------------------------------------------------------------- clients
 
+    def connect(self, caller: Caller, close: Callable[[bytes], None] | None = None) -> ClientStream:
+        """A new client; ``close`` ends its session with a last frame when it stops reading."""
+        client = ClientStream(caller=caller)
+        if close is not None:
+            client.on_overflow = lambda c: self._overflowed(c, close)
+        self.clients.add(client)
+        return client
+
+    def forget(self, client: ClientStream) -> None:
+        """The client's session ended; what it never got is counted."""
+        client.closed = True
+        client.wake.set()
+        if client in self.clients:
+            self.clients.discard(client)
+            self.dropped_replies += client.dropped
+
+    def _overflowed(self, client: ClientStream, close: Callable[[bytes], None]) -> None:
+        reason = f"more than {MAX_REPLIES} replies waiting: this console is not reading them; closing the session"
+        self.log.warning("closing the session of {}: {}", client.caller, reason)
+        # What was queued still goes out, then the reason; only the reply that overflowed is lost (and counted).
+        data = b"".join(client.replies) + self.reply_frame(p.Error(code=p.Text("overloaded"), message=p.Text(reason)))
+        client.replies.clear()
+        self.forget(client)
+        close(data)
+
     def handle_request(self, client: ClientStream, line: bytes) -> Awaitable[None] | None:
-        """Act on one line a client sent; returns a coroutine for slow work (actions)."""
+        """Act on one line a client sent; returns a coroutine for slow work (actions, searches)."""
         try:
             frame = p.decode_client_frame(line)
         except p.FrameError as exc:
@@ -282,33 +340,78 @@ class Agent:
             client.logs = frame.logs
             if not client.subscribed:
                 client.subscribed = True
-                # No resume point: start live, from the newest sample on.
-                client.cursor = frame.resume_from if frame.resume_from is not None else max(self.ring.last_seq - 1, 0)
+                client.cursor = self.resume_cursor(frame.resume_from)
             client.wake.set()
             return None
         if isinstance(frame, p.Search):
-            client.reply(self.reply_frame(self.search(frame)))
-            return None
+            refusal = self._admit(client, "search")
+            if refusal is not None:
+                client.reply(self.reply_frame(p.SearchResult(id=frame.id, error=p.Text(refusal))))
+                return None
+            return self._answer(client, self.search(frame))
         if isinstance(frame, p.Action):
-            return self._run_action(client, frame)
+            refusal = self._admit(client, "action")
+            if refusal is not None:
+                client.reply(self.reply_frame(p.ActionResult(id=frame.id, action=frame.action, ok=False, message=p.Text(refusal))))
+                return None
+            return self._answer(client, self.act(client.caller, frame))
         return None
 
-    def search(self, req: p.Search) -> p.SearchResult:
+    def resume_cursor(self, resume_from: int | None) -> int:
+        """Where a subscription starts: live without a resume point, else within what this agent has sent."""
+        if resume_from is None:
+            return max(self.ring.last_seq - 1, 0)
+        # A client cannot claim frames that were never sent, nor ones before the first.
+        return min(max(resume_from, 0), self.ring.last_seq)
+
+    def _admit(self, client: ClientStream, what: str) -> str | None:
+        """None if the request may run now, else why not (one sentence for the client)."""
+        if client.pending >= MAX_PENDING:
+            return f"{what} refused: {MAX_PENDING} requests from this session are still running; wait for their answers"
+        if not self.budgets.take(client.caller.key):
+            self.refused_requests += 1
+            held = self._refusal_log.allow()
+            if held is not None:
+                more = f" ({held} more refused since the last such line)" if held else ""
+                self.log.warning("refused a {} from {}: over its request budget{}", what, client.caller, more)
+            wait = self.budgets.bucket(client.caller.key).retry_after()
+            return (
+                f"{what} refused: this key is over its budget of {self.config.action_burst:g} requests at once "
+                f"and {self.config.action_rate:g} a second; try again in {wait:.1f} s"
+            )
+        client.pending += 1
+        return None
+
+    async def _answer(self, client: ClientStream, work: Awaitable[p.Frame]) -> None:
+        try:
+            result = await work
+        finally:
+            client.pending -= 1
+        client.reply(self.reply_frame(result))
+
+    async def search(self, req: p.Search) -> p.SearchResult:
+        """Search the buffered log lines in a worker process: the event loop only waits for it."""
         if self.tailer is None:
             return p.SearchResult(id=req.id)
+        if self.searches >= MAX_SEARCHES:
+            return p.SearchResult(id=req.id, error=p.Text(f"busy: {MAX_SEARCHES} searches are running on this node; try again shortly"))
+        limit = min(max(req.limit, 1), 5000)
+        self.searches += 1
         try:
-            found = self.tailer.search(req.pattern, req.since, req.until, min(max(req.limit, 1), 5000) + 1)  # type: ignore[attr-defined]
+            entries = self.tailer.entries(req.since, req.until)  # type: ignore[attr-defined]
+            found = await search_entries(entries, str(req.pattern), limit + 1, self.config.search_timeout)
+        except SearchRefused as exc:
+            return p.SearchResult(id=req.id, error=p.Text(f"refused pattern: {exc}"))
+        except SearchTimeout as exc:
+            self.log.warning("a search for {!r} was stopped at its deadline", p.clean_text(str(req.pattern), 100))
+            return p.SearchResult(id=req.id, error=p.Text(f"search timed out: {exc}"))
         except ValueError as exc:
             return p.SearchResult(id=req.id, error=p.Text(f"bad pattern: {exc}"))
-        truncated = len(found) > req.limit
-        lines = [
-            p.LogLine(source=p.Text(src), line=p.Text(text), line_ts=ts, node=self.node) for src, text, ts in found[-req.limit :]
-        ]
+        finally:
+            self.searches -= 1
+        truncated = len(found) > limit
+        lines = [p.LogLine(source=p.Text(src), line=p.Text(text), line_ts=ts, node=self.node) for src, text, ts in found[-limit:]]
         return p.SearchResult(id=req.id, lines=lines, truncated=truncated)
-
-    async def _run_action(self, client: ClientStream, action: p.Action) -> None:
-        result = await self.act(client.caller, action)
-        client.reply(self.reply_frame(result))
 
     async def act(self, caller: Caller, action: p.Action) -> p.ActionResult:
         """Check the role, run the handler, log who asked and what came of it."""
@@ -331,7 +434,8 @@ class Agent:
             self.log.exception("action {} failed", name)
             result = p.ActionResult(id=action.id, action=action.action, ok=False, message=p.Text(f"{name} failed: {exc}"))
         self.log.info("action {} by {}: {} {}", name, caller, "ok" if result.ok else "FAILED", str(result.message))
-        if name not in p.VIEWER_ACTIONS:
+        # An action that changed nothing (isolating an isolated node) is not news.
+        if name not in p.VIEWER_ACTIONS and result.data.get("changed", True) is not False:
             self.event(
                 "action",
                 f"{name} by {caller.username} ({caller.role}): {'ok' if result.ok else 'failed'}: {result.message}",
@@ -355,7 +459,9 @@ class Agent:
                 frames, gap = self.ring.since(client.cursor, WRITE_BATCH)
                 if gap is not None:
                     lost = gap[1] - gap[0] + 1
-                    self.dropped_frames += lost
+                    # Frames lost to several clients (or asked for again) are counted once.
+                    self.dropped_frames += max(0, gap[1] - max(gap[0] - 1, self._lost_to))
+                    self._lost_to = max(self._lost_to, gap[1])
                     self.log.warning("client {} fell behind: {} frames lost", client.caller, lost)
                     write(self.reply_frame(p.Gap(from_seq=gap[0], to_seq=gap[1], reason=p.Text("client fell behind the agent's buffer"))))
                     client.cursor = gap[1]
@@ -367,3 +473,35 @@ class Agent:
                         client.wake.set()
             await drain()
 
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that either the old or the new content survives a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)

@@ -33,6 +33,13 @@ class AgentConfig:
     patrol_interval: float = 0.0  # 0: no patrol
     nics: list[str] = field(default_factory=list)
     checkpoint_paths: list[str] = field(default_factory=list)
+    # Each client key may send this many actions and searches at once, then this many a second.
+    action_burst: float = 20.0
+    action_rate: float = 2.0
+    search_timeout: float = 5.0  # seconds a log search may run before its worker is killed
+    # Connections still authenticating at once (as sshd's MaxStartups), and how long each may take.
+    max_unauthenticated: int = 64
+    login_timeout: float = 30.0
 
     def listen_addr(self) -> tuple[str, int]:
         return split_hostport(self.listen, "listen")
@@ -69,6 +76,13 @@ def load(path: str | None, overrides: dict[str, Any]) -> AgentConfig:
     cfg = AgentConfig(**values)
     if cfg.interval <= 0:
         raise ConfigError(f"interval must be positive, got {cfg.interval}")
+    for name in ("action_rate", "search_timeout", "login_timeout"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.action_burst < 1:
+        raise ConfigError(f"action_burst must be at least 1, got {cfg.action_burst}")
+    if cfg.max_unauthenticated < 1:
+        raise ConfigError(f"max_unauthenticated must be at least 1, got {cfg.max_unauthenticated}")
     if cfg.simulate_gpus < 0:
         raise ConfigError("simulate_gpus must be 0 or more")
     cfg.listen_addr()

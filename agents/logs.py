@@ -14,6 +14,7 @@ from loguru import logger
 
 from agents.detectors import detect
 from agents.framing import LineBuffer
+from agents.logsearch import match_lines, vet_pattern
 from agents.protocol import MAX_LINE_CHARS, Event, Text, clean_text
 
 KERNEL_LOGS = ("/dev/kmsg", "/var/log/kern.log")
@@ -259,27 +260,25 @@ class LogTailer:
             lines += more
         return lines
 
+    def entries(self, since: float | None = None, until: float | None = None) -> list[LogEntry]:
+        """The buffered lines stamped between ``since`` and ``until``, oldest first (a copy)."""
+        if since is None and until is None:
+            return list(self._buffer)
+        return [e for e in self._buffer if (since is None or e[2] >= since) and (until is None or e[2] <= until)]
+
     def search(
         self, pattern: str, since: float | None = None, until: float | None = None, limit: int = 500
     ) -> list[LogEntry]:
-        """The newest ``limit`` buffered lines matching a regular expression, oldest first.
+        """The newest ``limit`` buffered lines matching a vetted regular expression, oldest first.
 
-        Raises ``ValueError`` with a one-line reason for a pattern that does not compile.
+        In this process: for the agent's own use. A client's search goes through
+        :func:`agents.logsearch.search_entries`, which runs it in a worker with a
+        deadline. Raises ``ValueError`` with a one-line reason for a pattern that
+        does not compile or could backtrack without bound.
         """
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
-        found: deque[LogEntry] = deque(maxlen=max(limit, 0))
-        for entry in self._buffer:
-            ts = entry[2]
-            if since is not None and ts < since:
-                continue
-            if until is not None and ts > until:
-                continue
-            if regex.search(entry[1]):
-                found.append(entry)
-        return list(found)
+        regex = vet_pattern(pattern)
+        entries = self.entries(since, until)
+        return [entries[i] for i in match_lines(regex, [e[1] for e in entries], limit)]
 
     def close(self) -> None:
         for tail in self._files:

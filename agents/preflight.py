@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import ipaddress
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,6 +27,7 @@ import msgspec
 import psutil
 
 from agents import protocol as p
+from agents.workers import ChildTimeout, run_child
 
 ALL_CHECKS = ("gpus", "stack", "network", "storage", "time", "comm")
 DEFAULT_CHECKS = ("gpus", "stack", "network", "storage", "time")
@@ -34,6 +37,22 @@ GPU_FAULT_EVENTS = frozenset({"xid", "ecc_dbe", "row_remap_failure", "fell_off_b
 FAULT_THROTTLES = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "power_brake"})
 IDLE_THROTTLES = frozenset({"sw_power"})
 _MIB = 1024 * 1024
+# What a request may make the node spend. A viewer gets the defaults at most; an
+# operator up to the caps; the all-reduce (a torch process and a socket to a peer)
+# only for an operator, with the peers the console chose.
+VIEWER_WRITE_TEST_MB = 16.0
+MAX_WRITE_TEST_MB = 64.0
+VIEWER_NET_SAMPLE_S = 0.5
+MAX_NET_SAMPLE_S = 5.0
+MAX_COMM_BYTES = 64 * _MIB
+MAX_COMM_ITERS = 50
+MAX_COMM_TIMEOUT_S = 300.0
+MAX_COMM_WORLD = 4096
+# The write test is skipped where it would leave less than this free.
+WRITE_TEST_HEADROOM_GB = 1.0
+# Checks that hold the node's resources for a while: one such pre-flight at a time.
+SLOW_CHECKS = frozenset({"network", "storage", "comm"})
+_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
 
 
 class CommArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -93,17 +112,58 @@ class NicLink:
     speed_mbps: float | None
 
 
-def parse_args(args: dict[str, Any]) -> PreflightArgs:
-    """The action's args as a typed struct; raises ValueError with a one-line reason."""
+def plain(obj: Any) -> Any:
+    """Decoded frame data as plain builtins: frame text is a str subclass, which msgspec will not convert."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    if isinstance(obj, str):
+        return str(obj)
+    return obj
+
+
+def _check_comm_args(comm: CommArgs) -> None:
+    addr = comm.master_addr
     try:
-        parsed = msgspec.convert(args, PreflightArgs)
+        ipaddress.ip_address(addr)
+    except ValueError:
+        if not _HOSTNAME.match(addr):
+            raise ValueError(f"comm master_addr must be an IP address or a host name, got {p.clean_text(addr, 80)!r}") from None
+    if not 0 < comm.master_port < 65536:
+        raise ValueError(f"comm master_port must be a TCP port, got {comm.master_port}")
+    if not 2 <= comm.world <= MAX_COMM_WORLD or not 0 <= comm.rank < comm.world:
+        raise ValueError(f"comm needs 0 <= rank < world <= {MAX_COMM_WORLD}, got rank {comm.rank} of {comm.world}")
+    if not 4 <= comm.size_bytes <= MAX_COMM_BYTES:
+        raise ValueError(f"comm size_bytes must be between 4 and {MAX_COMM_BYTES}, got {comm.size_bytes}")
+    if not 1 <= comm.iters <= MAX_COMM_ITERS:
+        raise ValueError(f"comm iters must be between 1 and {MAX_COMM_ITERS}, got {comm.iters}")
+    if not 0 < comm.timeout_s <= MAX_COMM_TIMEOUT_S:
+        raise ValueError(f"comm timeout_s must be above 0 and at most {MAX_COMM_TIMEOUT_S:g}, got {comm.timeout_s:g}")
+
+
+def parse_args(args: dict[str, Any], role: str = "viewer") -> PreflightArgs:
+    """The action's args as a typed struct, capped for the caller's role; raises ValueError with a one-line reason."""
+    try:
+        parsed = msgspec.convert(plain(args), PreflightArgs)
     except msgspec.ValidationError as exc:
         raise ValueError(f"bad preflight args: {exc}") from None
     unknown = [c for c in parsed.checks if c not in ALL_CHECKS]
     if unknown:
         raise ValueError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(ALL_CHECKS)}")
-    if "comm" in parsed.checks and parsed.comm is None:
-        raise ValueError("the comm check needs comm args (master_addr, master_port, rank, world)")
+    operator = role == "operator"
+    if "comm" in parsed.checks:
+        if not operator:
+            raise ValueError(f"the comm check starts an all-reduce with peers: it needs the operator role; this key is a {role}")
+        if parsed.comm is None:
+            raise ValueError("the comm check needs comm args (master_addr, master_port, rank, world)")
+        _check_comm_args(parsed.comm)
+    else:
+        parsed.comm = None
+    write_cap = MAX_WRITE_TEST_MB if operator else VIEWER_WRITE_TEST_MB
+    sample_cap = MAX_NET_SAMPLE_S if operator else VIEWER_NET_SAMPLE_S
+    parsed.write_test_mb = min(max(parsed.write_test_mb, 0.0), write_cap)
+    parsed.net_sample_s = min(max(parsed.net_sample_s, 0.0), sample_cap)
     return parsed
 
 
@@ -287,6 +347,10 @@ def check_storage(paths: list[str], need_gb: float, write_mb: float, min_write_m
         if need_gb and free_gb < need_gb:
             problems.append(f"{path}: {free_gb:.1f} GB free, a checkpoint needs {need_gb:g} GB")
         if write_mb > 0:
+            values[path]["write_test_mb"] = write_mb
+            if free_gb - write_mb * _MIB / 1e9 < WRITE_TEST_HEADROOM_GB:
+                problems.append(f"{path}: {free_gb:.1f} GB free: no write test, it would leave under {WRITE_TEST_HEADROOM_GB:g} GB")
+                continue
             try:
                 rate = _write_test(where, write_mb)
             except OSError as exc:
@@ -325,7 +389,7 @@ async def check_comm(comm: CommArgs) -> CheckOutcome:
     if importlib.util.find_spec("torch") is None:
         return CheckOutcome(False, "torch is not installed on this node: no all-reduce test", {})
     argv = [
-        sys.executable, "-m", "trainer.allreduce",
+        sys.executable, "-P", "-m", "trainer.allreduce",
         "--master-addr", comm.master_addr,
         "--master-port", str(comm.master_port),
         "--rank", str(comm.rank),
@@ -335,13 +399,12 @@ async def check_comm(comm: CommArgs) -> CheckOutcome:
         "--timeout", str(comm.timeout_s),
         *([] if comm.pairs else ["--no-pairs"]),
     ]
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), comm.timeout_s + 30.0)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        # Killed at its deadline, with the request (a session that ends cancels it) and with the agent.
+        child = await run_child(argv, None, comm.timeout_s + 30.0)
+    except ChildTimeout:
         return CheckOutcome(False, f"all-reduce test did not finish within {comm.timeout_s + 30:g} s", {})
+    out, err = child.stdout, child.stderr
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         result = json.loads(lines[-1]) if lines else None
@@ -349,7 +412,7 @@ async def check_comm(comm: CommArgs) -> CheckOutcome:
         result = None
     if not isinstance(result, dict):
         tail = err.decode(errors="replace").strip().splitlines()
-        why = p.clean_text(tail[-1], 300) if tail else f"exit status {proc.returncode}"
+        why = p.clean_text(tail[-1], 300) if tail else f"exit status {child.returncode}"
         return CheckOutcome(False, f"all-reduce worker failed: {why}", {})
     if result.get("error"):
         return CheckOutcome(False, p.clean_text(str(result["error"]), 300), result)
@@ -378,12 +441,32 @@ def check_time(agent: Any) -> CheckOutcome:
     return CheckOutcome(True, "wall clock read", {"wall": agent.clock()})
 
 
-async def run_checks(agent: Any, action: p.Action) -> p.ActionResult:
-    """The ``preflight`` action: every asked check, each with a verdict and its numbers."""
+async def run_checks(agent: Any, action: p.Action, role: str = "viewer") -> p.ActionResult:
+    """The ``preflight`` action: every asked check, each with a verdict and its numbers.
+
+    Checks that hold the node's resources (network sampling, the write test, the
+    all-reduce) run for one request at a time; another gets a "busy" answer.
+    """
     try:
-        args = parse_args(dict(action.args))
+        args = parse_args(dict(action.args), role)
     except ValueError as exc:
         return p.ActionResult(id=action.id, action=action.action, ok=False, message=p.Text(str(exc)))
+    if not SLOW_CHECKS.intersection(args.checks):
+        return await _run_checks(agent, action, args)
+    running = getattr(agent, "preflight_running", None)
+    if running is not None:
+        return p.ActionResult(
+            id=action.id, action=action.action, ok=False,
+            message=p.Text(f"busy: pre-flight {running} is running on this node; try again when it ends"),
+        )
+    agent.preflight_running = p.clean_text(str(action.id), 80)
+    try:
+        return await _run_checks(agent, action, args)
+    finally:
+        agent.preflight_running = None
+
+
+async def _run_checks(agent: Any, action: p.Action, args: PreflightArgs) -> p.ActionResult:
     results: dict[str, CheckOutcome] = {}
     if "time" in args.checks:
         results["time"] = check_time(agent)  # first, so the console's round trip brackets it

@@ -23,8 +23,15 @@ MAX_FRAME_BYTES = 1 << 20
 # Log lines are clipped on the node so that one 1 MB line cannot crowd out frames.
 MAX_LINE_CHARS = 4096
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_WHITESPACE_CONTROL = re.compile(r"[\t\n\r]")
+# Also dropped: the bidi controls (U+061C, U+202A-U+202E, U+2066-U+2069) and invisible
+# format characters (soft hyphen, Mongolian vowel separator, zero-width space/joiners,
+# LRM/RLM, word joiner and invisible operators, BOM), so "node\u200b-1" cannot pose as "node-1".
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
+_WHITESPACE_CONTROL = re.compile(r"[\t\n\r\u2028\u2029]")
+# Deeper than any frame we send; a deeper one is refused before anything recurses on it.
+MAX_NESTING = 32
 
 
 class Text(str):
@@ -34,7 +41,7 @@ class Text(str):
 
 
 def clean_text(value: str, limit: int = MAX_LINE_CHARS) -> str:
-    """Drop control characters (ESC, C1, bidi overrides) and clip to ``limit``.
+    """Drop control characters (ESC, C1, bidi overrides, zero-width and other invisible ones) and clip to ``limit``.
 
     Removing ESC alone defuses every ANSI/OSC sequence: what remains (``[31m``)
     is harmless printable text, kept so an operator can see something was there.
@@ -131,7 +138,7 @@ class StackFingerprint(msgspec.Struct, kw_only=True):
     nccl: Text | None = None
     kernel: Text | None = None
     python: Text | None = None
-    packages: dict[str, Text] = {}
+    packages: dict[Text, Text] = {}
     hash: Text = Text("")
 
 
@@ -146,11 +153,11 @@ class TrainerStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
     grad_norm: float | None = None
     tokens_per_s: float | None = None
     step_time_s: float | None = None
-    rank_step_times: dict[str, float] = {}  # rank (as string) -> seconds of last step
+    rank_step_times: dict[Text, float] = {}  # rank (as string) -> seconds of last step
     stragglers: list[int] = []
     membership: list[Text] = []  # node names in the current rendezvous
     world_size: int | None = None
-    checkpoints: dict[str, int] = {}  # tier ("0", "1", "2") -> newest step in that tier
+    checkpoints: dict[Text, int] = {}  # tier ("0", "1", "2") -> newest step in that tier
     pid: int | None = None
     node: Text | None = None  # the node name this trainer serves (its control socket)
     rank: int | None = None
@@ -210,7 +217,7 @@ class Event(Frame, tag="event"):
     gpu: int | None = None
     code: int | None = None  # XID code, for kind == "xid"
     source: Text = Text("")  # nvml | log:/var/log/kern.log | trainer | sim | agent
-    details: dict[str, Text] = {}  # free-form, as text: pci_bus_id, rank, path ...
+    details: dict[Text, Text] = {}  # free-form, as text: pci_bus_id, rank, path ...
 
 
 class LogLine(Frame, tag="log"):
@@ -226,7 +233,7 @@ class ActionResult(Frame, tag="action_result"):
     action: Text
     ok: bool
     message: Text = Text("")
-    data: dict[str, Any] = {}
+    data: dict[Text, Any] = {}
 
 
 class SearchResult(Frame, tag="search_result"):
@@ -265,7 +272,7 @@ class Action(Frame, tag="action"):
 
     id: Text
     action: Text
-    args: dict[str, Any] = {}
+    args: dict[Text, Any] = {}
     reason: Text = Text("")
 
 
@@ -350,7 +357,10 @@ class FrameError(ValueError):
 
 
 def text_dec_hook(type_: type, obj: Any) -> Any:
-    """msgspec ``dec_hook`` that cleans every :class:`Text` field; for any decoder of node text."""
+    """msgspec ``dec_hook`` that cleans every :class:`Text` field; for any decoder of node text.
+
+    Every dict a node fills is keyed by :class:`Text` too, so keys pass through here as well.
+    """
     if type_ is Text:
         if not isinstance(obj, str):
             raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
@@ -391,7 +401,20 @@ def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:
     if not line:
         raise FrameError("bad_frame", "empty line")
     try:
+        return _decode_checked(line, decoder)
+    except RecursionError:
+        # JSON nested hundreds deep: refused like any bad frame, never a crash of the reader.
+        raise FrameError("bad_frame", "a frame nested too deep") from None
+
+
+def _decode_checked(line: bytes, decoder: msgspec.json.Decoder) -> Frame:
+    try:
         frame = decoder.decode(line)
+        # Free-form payloads are not typed field by field, so they are cleaned here.
+        if isinstance(frame, ActionResult):
+            frame.data = clean_any(frame.data)
+        elif isinstance(frame, Action):
+            frame.args = clean_any(frame.args)
     except msgspec.ValidationError as exc:
         try:
             env = _envelope.decode(line)
@@ -402,22 +425,22 @@ def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:
         raise FrameError("bad_frame", f"invalid {clean_text(env.type, 40)} frame: {clean_text(str(exc), 200)}") from None
     except msgspec.DecodeError as exc:
         raise FrameError("bad_frame", f"malformed JSON: {clean_text(str(exc), 200)}") from None
-    # Free-form payloads are not typed field by field, so they are cleaned here.
-    if isinstance(frame, ActionResult):
-        frame.data = clean_any(frame.data)
-    elif isinstance(frame, Action):
-        frame.args = clean_any(frame.args)
     return frame
 
 
-def clean_any(value: Any) -> Any:
-    """Clean every string (keys included) inside a decoded JSON value."""
+def clean_any(value: Any, depth: int = 0) -> Any:
+    """Clean every string (keys included) inside a decoded JSON value.
+
+    Raises :class:`FrameError` (``bad_frame``) past :data:`MAX_NESTING` levels.
+    """
     if isinstance(value, str):
         return Text(clean_text(value))
+    if isinstance(value, (dict, list)) and depth >= MAX_NESTING:
+        raise FrameError("bad_frame", f"a frame nested deeper than {MAX_NESTING} levels")
     if isinstance(value, dict):
-        return {clean_text(str(k), 200): clean_any(v) for k, v in value.items()}
+        return {Text(clean_text(str(k), 200)): clean_any(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [clean_any(v) for v in value]
+        return [clean_any(v, depth + 1) for v in value]
     return value
 
 

@@ -3,25 +3,55 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
 from loguru import logger
 
 from agents import protocol as p
-from agents.agent import Agent, Caller, ClientStream
+from agents.agent import Agent, Caller
 from agents.framing import LineBuffer
+from agents.ratelimit import LogLimiter
+from agents.sshpolicy import algorithm_options, weak_key_reason
 
 READ_CHUNK = 65536
 
+# path -> the problem last logged for it: a bad file is named once, not on every login attempt.
+_file_problems: dict[str, str] = {}
+
+
+def authorized_file_problem(path: str, st: os.stat_result) -> str | None:
+    """Why an authorized file must not be trusted (others can write it), as sshd's StrictModes judges; or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path} is owned by uid {st.st_uid}, not by root or the agent's user; chown it"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH else ("its group" if st.st_mode & stat.S_IWGRP else "others")
+        return f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); run: chmod go-w {path}"
+    return None
+
 
 def load_authorized(path: str) -> list[asyncssh.SSHKey]:
-    """Public keys from an authorized_keys-style file; a missing file grants nobody."""
+    """Public keys from an authorized_keys-style file; a missing file, or one others can write, grants nobody."""
     keys: list[asyncssh.SSHKey] = []
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            problem = authorized_file_problem(path, os.fstat(f.fileno()))
+            text = "" if problem else f.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return keys
+    except OSError as exc:
+        problem = f"{path} cannot be read: {exc.strerror or exc}"
+    if problem:
+        if _file_problems.get(path) != problem:
+            logger.error("{}: ignored, it grants nobody", problem)
+            _file_problems[path] = problem
+        return keys
+    _file_problems.pop(path, None)
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -33,16 +63,63 @@ def load_authorized(path: str) -> list[asyncssh.SSHKey]:
     return keys
 
 
+@dataclass
+class _Gate:
+    """Connections still authenticating, capped as sshd's MaxStartups caps them; and refusals, logged sparingly."""
+
+    limit: int
+    waiting: int = 0
+    crowded_log: LogLimiter = field(default_factory=LogLimiter)
+    refused_log: LogLimiter = field(default_factory=LogLimiter)
+
+
+def _log_refused(agent: Agent, gate: _Gate, what: str, who: object) -> None:
+    held = gate.refused_log.allow()
+    if held is not None:
+        more = f" ({held} more refused requests since the last such line)" if held else ""
+        logger.bind(node=str(agent.node)).warning("refused {} from {}: only the '{}' subsystem is served{}", what, who, p.SUBSYSTEM, more)
+
+
 class _Server(asyncssh.SSHServer):
     """Per connection: decides the role from the key, refuses everything but public keys."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, gate: _Gate | None = None) -> None:
         self.agent = agent
+        self.gate = gate or _Gate(limit=agent.config.max_unauthenticated)
         self.caller: Caller | None = None
         self._conn: asyncssh.SSHServerConnection | None = None
+        self._counted = False  # holds one of the gate's places until it authenticates or leaves
+        self._peer = "?"
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
+        peer = conn.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+        if self.gate.waiting >= self.gate.limit:
+            held = self.gate.crowded_log.allow()
+            if held is not None:
+                more = f" ({held} more since the last such line)" if held else ""
+                logger.bind(node=str(self.agent.node)).warning(
+                    "refused a connection from {}: {} connections are still authenticating{}", self._peer, self.gate.limit, more
+                )
+            conn.close()
+            return
+        self.gate.waiting += 1
+        self._counted = True
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.gate.waiting -= 1
+
+    def auth_completed(self) -> None:
+        self._release()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+
+    def session_requested(self) -> asyncssh.SSHServerSession:
+        return _Session(lambda proc: _session(self.agent, proc), self)
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -58,6 +135,12 @@ class _Server(asyncssh.SSHServer):
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         cfg = self.agent.config
+        weak = weak_key_reason(key)
+        if weak is not None:
+            logger.bind(node=str(self.agent.node)).warning(
+                "refused key {} for user {!r}: {}", key.get_fingerprint(), p.clean_text(username, 64), weak
+            )
+            return False
         # Files are re-read per attempt so adding a key needs no restart.
         for role, path in (("operator", cfg.authorized_operators), ("viewer", cfg.authorized_viewers)):
             if any(k.public_data == key.public_data for k in load_authorized(path)):
@@ -70,11 +153,38 @@ class _Server(asyncssh.SSHServer):
         )
         return False
 
+    def _who(self) -> str:
+        return str(self.caller) if self.caller is not None else self._peer
+
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        _log_refused(self.agent, self.gate, "remote port forwarding", self._who())
         return False
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+        _log_refused(self.agent, self.gate, "port forwarding", self._who())
         return False
+
+    def unix_server_requested(self, listen_path: str) -> bool:
+        _log_refused(self.agent, self.gate, "socket forwarding", self._who())
+        return False
+
+    def unix_connection_requested(self, dest_path: str) -> bool:
+        _log_refused(self.agent, self.gate, "socket forwarding", self._who())
+        return False
+
+
+class _Session(asyncssh.SSHServerProcess):
+    """A session channel; SFTP is refused (and logged) before it starts, like everything but the subsystem."""
+
+    def __init__(self, process_factory: asyncssh.SSHServerProcessFactory, server: _Server) -> None:
+        super().__init__(process_factory, None, asyncssh.sftp.MIN_SFTP_VERSION, False)
+        self._server = server
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        if subsystem == "sftp":
+            _log_refused(self._server.agent, self._server.gate, "SFTP", self._server._who())
+            return False
+        return super().subsystem_requested(subsystem)
 
 
 async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
@@ -82,14 +192,23 @@ async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
     caller: Caller | None = getattr(server, "caller", None)
     if process.subsystem != p.SUBSYSTEM or caller is None:
         what = f"subsystem {process.subsystem!r}" if process.subsystem else ("a command" if process.command else "a shell")
+        if isinstance(server, _Server):
+            _log_refused(agent, server.gate, p.clean_text(what, 100), server._who())
         process.stderr.write(
             f"gridwatch agent: {what} is not served here; only the '{p.SUBSYSTEM}' subsystem "
             f"(try: ssh -s -p PORT HOST {p.SUBSYSTEM})\n".encode()
         )
         process.exit(1)
         return
-    client = ClientStream(caller=caller)
-    agent.clients.add(client)
+    def close(last: bytes) -> None:
+        # Queued behind what was already written; the channel closes once that is sent.
+        try:
+            process.stdout.write(last)
+            process.exit(1)
+        except (OSError, asyncssh.Error):
+            pass
+
+    client = agent.connect(caller, close)
     log = logger.bind(node=str(agent.node))
     log.info("client connected: {}", caller)
     process.stdout.write(agent.hello(caller.role))
@@ -115,9 +234,7 @@ async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
     except (asyncssh.DisconnectError, ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
-        client.closed = True
-        client.wake.set()
-        agent.clients.discard(client)
+        agent.forget(client)
         for task in pending:
             task.cancel()
         writer.cancel()
@@ -129,17 +246,34 @@ async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
 
 
 async def serve(agent: Agent, host: str, port: int) -> asyncssh.SSHAcceptor:
-    """Listen for consoles; returns the acceptor (``.close()`` to stop, ``.sockets`` for the port)."""
+    """Listen for consoles; returns the acceptor (``.close()`` to stop, ``.sockets`` for the port).
+
+    A node without a host key makes its own on first start (ed25519, 0600), so
+    no two nodes share one unless an operator chose to; consoles pin it with
+    ``gridwatch keys trust``.
+    """
+    if not Path(agent.config.host_key).exists():
+        from agents.keys import make_host_key
+
+        try:
+            made = make_host_key(agent.config.host_key, comment=f"gridwatch-agent-{agent.node}")
+        except OSError as exc:
+            raise RuntimeError(f"cannot create the agent host key {agent.config.host_key}: "
+                               f"{exc.strerror or exc}") from None
+        logger.bind(node=str(agent.node)).info(
+            "made a new host key {} ({}); pin it on the console with: gridwatch keys trust HOST:PORT",
+            agent.config.host_key, made.get_fingerprint())
     try:
         host_key = asyncssh.read_private_key(agent.config.host_key)
     except (OSError, asyncssh.KeyImportError) as exc:
         raise RuntimeError(f"cannot read the agent host key {agent.config.host_key}: {exc}") from None
+    gate = _Gate(limit=agent.config.max_unauthenticated)
     return await asyncssh.create_server(
-        lambda: _Server(agent),
+        lambda: _Server(agent, gate),
         host,
         port,
         server_host_keys=[host_key],
-        process_factory=lambda proc: _session(agent, proc),
+        # Sessions are made by _Server.session_requested, which also refuses SFTP out loud.
         encoding=None,
         allow_scp=False,
         sftp_factory=None,
@@ -150,4 +284,7 @@ async def serve(agent: Agent, host: str, port: int) -> asyncssh.SSHAcceptor:
         encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
         keepalive_interval=15,
         keepalive_count_max=3,
+        login_timeout=agent.config.login_timeout,
+        # The server's own host key algorithms follow from its keys; the rest is the shared policy.
+        **{k: v for k, v in algorithm_options().items() if k != "server_host_key_algs"},
     )

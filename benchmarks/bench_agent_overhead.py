@@ -57,7 +57,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     from agents.keys import init_keys
 
-    keys = init_keys(tmp / "keys")
+    keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
     logs = [tmp / "train.log", tmp / "nccl.log"]
     stop = threading.Event()
 

@@ -52,7 +52,7 @@ def main() -> int:
     from agents.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-console-fanin-"))
-    keys = init_keys(tmp / "keys")
+    keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
     spec = f"127.0.0.1:[{args.base_port}-{args.base_port + args.agents - 1}]"
     console = tail = None
     swarms = start_swarm(args.agents, args.base_port, keys.dir)

@@ -64,7 +64,7 @@ def main() -> int:
     from agents.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-fanin-"))
-    keys = init_keys(tmp / "keys")
+    keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
     tail = raw = None
     swarms = start_swarm(args.agents, args.base_port, keys.dir, args.per_process)
     try:

@@ -1,6 +1,6 @@
 """Many simulated agents in one process, each a real SSH server on its own loopback port.
 
-    .venv/bin/python benchmarks/swarm.py --count 250 --base-port 20000 --keys DIR [--gpus 8] [--interval 1]
+    .venv/bin/python benchmarks/swarm.py --count 250 --base-port 20000 --keys DIR (from `gridwatch keys init --shared-host-key`) [--gpus 8] [--interval 1]
 
 Prints "ready N" once every agent listens; runs until terminated.
 """
@@ -50,7 +50,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--count", type=int, default=250)
     ap.add_argument("--base-port", type=int, default=20000)
-    ap.add_argument("--keys", required=True, help="a directory made by `gridwatch keys init`")
+    ap.add_argument("--keys", required=True, help="a directory made by `gridwatch keys init --shared-host-key` (every swarm agent serves that one host key)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--prefix", default="swarm-")

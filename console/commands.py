@@ -11,6 +11,18 @@ from pathlib import Path
 from console.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 
+def clean_logs() -> None:
+    """Every log line this process writes is cleaned of escapes: log messages may quote what a peer said."""
+    from loguru import logger
+
+    from agents.protocol import clean_text
+
+    def patch(record: dict) -> None:
+        record["message"] = clean_text(record["message"])
+
+    logger.configure(patcher=patch)  # type: ignore[arg-type]
+
+
 def add_target_options(ap: argparse.ArgumentParser, required: bool = True) -> None:
     """The options every command that talks to agents shares."""
     group = ap.add_mutually_exclusive_group(required=required)
@@ -73,18 +85,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     init = ksub.add_parser(
         "init",
-        help="generate host, viewer and operator keys and the files listing them",
-        description="Write agent_host_key(.pub), viewer_key(.pub), operator_key(.pub), authorized_viewers, "
-        "authorized_operators and known_hosts (trusting the host key) into DIR, in OpenSSH formats.",
+        help="generate viewer and operator keys and the files listing them",
+        description="Write viewer_key(.pub), operator_key(.pub), authorized_viewers, authorized_operators and an "
+        "empty known_hosts into DIR, in OpenSSH formats. Each agent makes its own host key on first start; "
+        "pin each one with `gridwatch keys trust`.",
     )
     init.add_argument("dir", metavar="DIR")
     init.add_argument("--force", action="store_true", help="replace existing keys")
+    init.add_argument("--shared-host-key", action="store_true",
+                      help="also write one agent_host_key for every node and a '*' known_hosts line trusting it. "
+                      "Risky: anyone who reads that key off any one node can pose as every node")
     init.set_defaults(func=_keys_init)
     trust = ksub.add_parser(
         "trust",
         help="fetch agents' host keys, show fingerprints, add them to known_hosts",
         description="Connect to each agent in SPEC, show its host key fingerprint and, after you confirm "
-        "(or with --yes), add it to the known_hosts file.",
+        "(or with --yes), add it to the known_hosts file. A host whose pinned key changed is shown with "
+        "both fingerprints, and its old key is replaced only after you confirm (or with --yes).",
     )
     trust.add_argument("spec", metavar="SPEC", help="agents in hostlist syntax, e.g. node[01-16]:8022")
     trust.add_argument("--known-hosts", required=True, metavar="PATH")
@@ -97,7 +114,7 @@ def _keys_init(args: argparse.Namespace) -> int:
     from agents.keys import init_keys
 
     try:
-        ks = init_keys(args.dir, force=args.force)
+        ks = init_keys(args.dir, force=args.force, shared_host_key=args.shared_host_key)
     except FileExistsError as exc:
         print(f"gridwatch keys: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -105,19 +122,37 @@ def _keys_init(args: argparse.Namespace) -> int:
         print(f"gridwatch keys: cannot write {args.dir}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
     print(f"keys written to {ks.dir}:")
-    for name in ("agent_host_key", "viewer_key", "operator_key", "authorized_viewers", "authorized_operators", "known_hosts"):
+    names = ["viewer_key", "operator_key", "authorized_viewers", "authorized_operators", "known_hosts"]
+    if args.shared_host_key:
+        names.insert(0, "agent_host_key")
+    for name in names:
         print(f"  {ks.dir / name}")
+    if args.shared_host_key:
+        print("one host key for every node: whoever reads it off any node can pose as all of them", file=sys.stderr)
+    else:
+        print("each agent makes its own host key on first start; pin them with: "
+              f"gridwatch keys trust NODES --known-hosts {ks.known_hosts}")
     return EXIT_OK
 
 
+def _confirm(question: str, yes: bool) -> bool | None:
+    """True/False from --yes or the terminal; None when there is no terminal to ask."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        return None
+    return input(f"  {question} [y/N] ").strip().lower() in ("y", "yes")
+
+
 def _keys_trust(args: argparse.Namespace) -> int:
-    from agents.keys import fetch_host_key, trust
+    from agents.keys import fetch_host_key, pinned_keys, trust
+    from agents.protocol import clean_text
     from console.hostlist import HostlistError, parse_endpoints
 
     try:
         endpoints = parse_endpoints(args.spec)
     except HostlistError as exc:
-        print(f"gridwatch keys trust: {exc}", file=sys.stderr)
+        print(f"gridwatch keys trust: {clean_text(str(exc), 300)}", file=sys.stderr)
         return EXIT_ERROR
 
     async def fetch_all() -> list:
@@ -126,19 +161,43 @@ def _keys_trust(args: argparse.Namespace) -> int:
     failed = 0
     for ep, key in zip(endpoints, asyncio.run(fetch_all())):
         if isinstance(key, BaseException):
-            print(f"{ep}: cannot fetch host key: {key or type(key).__name__}", file=sys.stderr)
+            # Whatever answered at that address wrote this text; it is not ours to show raw.
+            reason = clean_text(str(key), 300) or type(key).__name__
+            print(f"{ep}: cannot fetch host key: {reason}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{ep}: {key.get_algorithm()} {key.get_fingerprint()}")
-        if not args.yes:
-            if not sys.stdin.isatty():
-                print("  not trusted: confirm interactively or pass --yes", file=sys.stderr)
-                failed += 1
-                continue
-            if input("  trust this key? [y/N] ").strip().lower() not in ("y", "yes"):
-                continue
-        written = trust(args.known_hosts, ep.host, ep.port, key)
-        print("  trusted" if written else "  already trusted")
+        fingerprint = key.get_fingerprint()
+        print(f"{ep}: {key.get_algorithm()} {fingerprint}")
+        try:
+            pinned = pinned_keys(args.known_hosts, ep.host, ep.port)
+        except OSError as exc:
+            print(f"gridwatch keys trust: cannot read {args.known_hosts}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if any(k.public_data == key.public_data for k in pinned):
+            print("  already trusted")
+            continue
+        if pinned:
+            old = ", ".join(k.get_fingerprint() for k in pinned)
+            print(f"WARNING: {ep} HAS A DIFFERENT HOST KEY than the one pinned in {args.known_hosts}:\n"
+                  f"  pinned: {old}\n  now:    {fingerprint}\n"
+                  "  If this node was not reinstalled or given a new key, something may be posing as it.",
+                  file=sys.stderr)
+            answer = _confirm("replace the pinned key with the new one?", args.yes)
+        else:
+            answer = _confirm("trust this key?", args.yes)
+        if answer is None:
+            print("  not trusted: confirm interactively or pass --yes", file=sys.stderr)
+            failed += 1
+            continue
+        if not answer:
+            print("  not trusted")
+            continue
+        try:
+            trust(args.known_hosts, ep.host, ep.port, key, replace=bool(pinned))
+        except OSError as exc:
+            print(f"gridwatch keys trust: cannot write {args.known_hosts}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"  trusted (replaced {len(pinned)} old key{'s' if len(pinned) != 1 else ''})" if pinned else "  trusted")
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -160,6 +219,7 @@ async def _tail_async(args: argparse.Namespace, endpoints: list, key: str, known
     from console.fleet import Fleet, FleetOptions, NodeLink
     from console.render import frame_line
 
+    clean_logs()
     types = set(args.types.split(",")) if args.types else None
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
     out = sys.stdout
@@ -173,7 +233,9 @@ async def _tail_async(args: argparse.Namespace, endpoints: list, key: str, known
         out.write(data.decode() if args.json else frame_line(frame) + "\n")
 
     def on_status(link: NodeLink) -> None:
-        print(f"# {link.endpoint} {link.state}{': ' + link.last_error if link.last_error else ''}", file=sys.stderr)
+        # The error may quote what the peer said (a disconnect reason): never raw on a terminal.
+        error = p.clean_text(link.last_error, 300) if link.last_error else ""
+        print(f"# {link.endpoint} {link.state}{': ' + error if error else ''}", file=sys.stderr)
 
     fleet = Fleet(endpoints, FleetOptions(key_path=key, known_hosts=known), on_frame, on_status)
     if args.logs:

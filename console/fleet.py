@@ -1,9 +1,13 @@
 """The console's side of the stream: one SSH connection per node, kept alive.
 
-Host keys are checked against known_hosts, a lost connection is retried with
-jittered backoff, and a reconnect resumes from the last seq seen, so nothing
-is lost that the agent still holds; what it no longer holds is reported as a
-gap. Data code: never imports textual.
+Host keys are checked against known_hosts (and weak ones refused), a lost
+connection is retried with jittered backoff, and a reconnect resumes from the
+last seq seen, so nothing is lost that the agent still holds; what it no longer
+holds is reported as a gap. A restarted agent (a new boot id) is read from its
+first frame. A link's node name is pinned by its first hello: frames naming
+another node are dropped and counted, and a second link claiming a name already
+held is refused. Every string a peer sends is cleaned before it is logged or
+stored. Data code: never imports textual.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from loguru import logger
 
 from agents import protocol as p
 from agents.framing import LineBuffer
+from agents.sshpolicy import algorithm_options, weak_key_reason
 from console.hostlist import Endpoint
 
 READ_CHUNK = 65536
+# Errors quote what a peer sent; this is enough to say what happened.
+MAX_ERROR_CHARS = 300
 
 
 class LinkState(StrEnum):
@@ -53,6 +60,15 @@ class NodeLink:
     want_logs: bool = False
     attempts: int = 0
     newer_protocol_noted: bool = False
+    pinned: str | None = None  # the node name its first hello gave; later frames must carry it
+    foreign_frames: int = 0  # frames dropped because they named another node
+    restarts: int = 0  # new boot ids seen after the first hello
+    last_gap: str | None = None  # what the last gap was, in words
+    read_from_start: bool = False  # the agent restarted: ask for its new boot from its first frame
+
+
+class LinkRefused(Exception):
+    """The console will not take this agent's frames; the message says why and what to do."""
 
 
 @dataclass
@@ -74,7 +90,18 @@ StatusCallback = Callable[[NodeLink], None]
 
 
 def explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
-    """One sentence for the operator: what happened and what to do."""
+    """One sentence for the operator: what happened and what to do.
+
+    Reasons quote the peer (an SSH disconnect reason is sent by whatever listens at
+    the address, before its host key is checked), so the sentence is cleaned whole.
+    """
+    state, message = _explain(endpoint, exc, known_hosts)
+    return state, p.clean_text(message, MAX_ERROR_CHARS)
+
+
+def _explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
+    if isinstance(exc, LinkRefused):
+        return LinkState.REFUSED, str(exc)
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return LinkState.REFUSED, (
             f"{endpoint}: host key not trusted by {known_hosts} (unknown or changed); check its fingerprint, "
@@ -94,7 +121,7 @@ def explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[L
         return LinkState.DOWN, f"{endpoint}: {exc.strerror or exc}"
     if isinstance(exc, asyncssh.Error):
         return LinkState.DOWN, f"{endpoint}: {exc.reason or type(exc).__name__}"
-    return LinkState.DOWN, f"{endpoint}: {p.clean_text(str(exc), 200) or type(exc).__name__}"
+    return LinkState.DOWN, f"{endpoint}: {str(exc) or type(exc).__name__}"
 
 
 class Fleet:
@@ -113,7 +140,9 @@ class Fleet:
         self.links: dict[Endpoint, NodeLink] = {ep: NodeLink(endpoint=ep, name=str(ep)) for ep in endpoints}
         self._procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
         self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
-        self._pending: dict[str, asyncio.Future[Any]] = {}
+        # Request id -> (the link asked, its answer): only that link may answer it.
+        self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
+        self._claims: dict[str, Endpoint] = {}  # pinned node name -> the link that holds it
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
         self._stopping = False
@@ -125,6 +154,8 @@ class Fleet:
             self._client_keys = [asyncssh.read_private_key(self.options.key_path)]
         except (OSError, asyncssh.KeyImportError) as exc:
             raise RuntimeError(f"cannot read the key {self.options.key_path}: {exc}") from None
+        # A fleet stopped and started again keeps each link's place (last seq, pinned name).
+        self._stopping = False
         self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values()]
         self._tasks.append(asyncio.create_task(self._watch_staleness()))
 
@@ -174,7 +205,7 @@ class Fleet:
         if link is None:
             return failed(f"unknown node {node!r}")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[req_id] = fut
+        self._pending[req_id] = (link.endpoint, fut)
         try:
             frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason))
             if not self._send(link, frame):
@@ -204,7 +235,7 @@ class Fleet:
             nonlocal answered
             req_id = uuid.uuid4().hex[:12]
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._pending[req_id] = fut
+            self._pending[req_id] = (link.endpoint, fut)
             try:
                 if self._send(link, p.Search(id=p.Text(req_id), pattern=p.Text(pattern), since=since, until=until, limit=limit)):
                     res: p.SearchResult = await asyncio.wait_for(fut, timeout)
@@ -233,6 +264,8 @@ class Fleet:
     # ------------------------------------------------------------ connection
 
     def _set(self, link: NodeLink, state: LinkState, error: str | None = None) -> None:
+        if error is not None:
+            error = p.clean_text(error, MAX_ERROR_CHARS)
         changed = link.state != state or (error is not None and error != link.last_error)
         link.state = state
         if error is not None:
@@ -288,10 +321,19 @@ class Fleet:
                 preferred_auth="publickey",
                 encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
                 keepalive_interval=15,
+                **algorithm_options(),
             ),
             o.connect_timeout,
         )
         self._conns[link.endpoint] = conn
+        host_key = conn.get_server_host_key()
+        weak = weak_key_reason(host_key) if host_key is not None else None
+        if weak:
+            # Pinned or not, a key this weak proves little about who answers.
+            raise LinkRefused(
+                f"{link.endpoint}: the agent's host key is {weak}; give the agent a new host key "
+                f"and trust it with: gridwatch keys trust {link.endpoint} --known-hosts {o.known_hosts}"
+            )
         proc = await asyncio.wait_for(conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
         lines = LineBuffer()
         hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
@@ -299,7 +341,10 @@ class Fleet:
         self._procs[link.endpoint] = proc
         for line in rest:
             self._on_line(link, line)
-        if not self._send(link, p.Subscribe(resume_from=link.last_seq or None, logs=link.want_logs)):
+        # No resume point means "start live"; a restarted agent is read from its first frame.
+        resume_from = 0 if link.read_from_start else (link.last_seq or None)
+        link.read_from_start = False
+        if not self._send(link, p.Subscribe(resume_from=resume_from, logs=link.want_logs)):
             raise ConnectionError("the agent closed the stream after its hello")
         self._set(link, LinkState.CONNECTED, None)
         while True:
@@ -310,7 +355,7 @@ class Fleet:
                 self._on_line(link, line)
             if lines.oversized:
                 link.bad_frames += lines.oversized
-                link.last_error = f"{link.name}: {lines.oversized} oversized frame(s) dropped"
+                self._set(link, link.state, f"{link.name}: {lines.oversized} oversized frame(s) dropped")
                 lines.oversized = 0
 
     async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> tuple[p.Hello, list[bytes]]:
@@ -327,42 +372,103 @@ class Fleet:
                     return frame, received[1:]
                 raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
 
+    def _pin(self, link: NodeLink, hello: p.Hello) -> str:
+        """The name this link speaks for; raises :class:`LinkRefused` when it may not have it."""
+        name = str(hello.node) or str(link.endpoint)
+        if link.pinned is not None and name != link.pinned:
+            raise LinkRefused(
+                f"{link.endpoint}: the agent now says it is {name!r} but it was {link.pinned!r}; "
+                "its frames are refused until the console restarts"
+            )
+        holder = self._claims.get(name)
+        if holder is None and name != str(link.endpoint) and any(str(ep) == name for ep in self.links):
+            holder = next(ep for ep in self.links if str(ep) == name)
+        if holder is not None and holder != link.endpoint:
+            raise LinkRefused(
+                f"{link.endpoint}: the agent says it is {name!r}, which the agent at {holder} already is; "
+                "its frames are refused (give every node its own name)"
+            )
+        if link.pinned is None:
+            link.pinned = name
+            self._claims[name] = link.endpoint
+        return name
+
     def _on_hello(self, link: NodeLink, hello: p.Hello) -> None:
+        name = self._pin(link, hello)
+        log = logger.bind(node=name)
         if hello.v > p.PROTOCOL_VERSION and not link.newer_protocol_noted:
             link.newer_protocol_noted = True
-            logger.bind(node=link.name).info("agent speaks protocol v{} (we speak v{}): reading what we understand", hello.v, p.PROTOCOL_VERSION)
-        if hello.node:
-            link.name = str(hello.node)
+            log.info("agent speaks protocol v{} (we speak v{}): reading what we understand", hello.v, p.PROTOCOL_VERSION)
+        link.name = name
+        hello.node = p.Text(name)
         link.role = str(hello.role)
-        link.hello = hello
-        # An agent restarted since we last saw it numbers from 1 again.
-        if hello.last_seq < link.last_seq:
+        previous, link.hello = link.hello, hello
+        lost: p.Gap | None = None
+        if previous is not None and self._restarted(link, previous, hello):
+            # The new boot numbers its frames afresh: resuming from the old boot's seq would
+            # skip (or repeat) frames, and what the old boot never sent is gone.
+            link.restarts += 1
+            said = max(previous.last_seq, link.last_seq)
+            lost = p.Gap(
+                node=p.Text(name), ts=hello.ts, from_seq=link.last_seq + 1, to_seq=said,
+                reason=p.Text(f"agent restarted: frames after seq {link.last_seq} of the old boot were never delivered"),
+            )
+            link.gaps += said - link.last_seq
+            link.last_gap = str(lost.reason)
+            log.warning("{}", lost.reason)
             link.last_seq = 0
+            link.read_from_start = True
         link.last_frame_at = self.options.clock()
         self.on_frame(link, hello)
+        if lost is not None:
+            self.on_frame(link, lost)
+
+    @staticmethod
+    def _restarted(link: NodeLink, previous: p.Hello, hello: p.Hello) -> bool:
+        if previous.boot_id or hello.boot_id:
+            return previous.boot_id != hello.boot_id
+        # An agent without boot ids is recognised only by numbering from 1 again.
+        return hello.last_seq < link.last_seq
+
+    def _foreign(self, link: NodeLink, frame: p.Frame) -> None:
+        """A frame naming another node: dropped, counted, said (rate-limited)."""
+        link.foreign_frames += 1
+        n = link.foreign_frames
+        if n in (1, 10, 100) or n % 1000 == 0:
+            message = (
+                f"{link.name}: {n} frame(s) dropped that claimed to come from {str(frame.node)!r}; "
+                "an agent speaks only for the node it said hello as"
+            )
+            logger.bind(node=link.name).warning("{}", message)
+            self._set(link, link.state, message)
 
     def _on_line(self, link: NodeLink, line: bytes) -> None:
         try:
             frame = p.decode_agent_frame(line)
         except p.FrameError as exc:
             link.bad_frames += 1
-            link.last_error = f"{link.name}: {exc}"
+            link.last_error = p.clean_text(f"{link.name}: {exc}", MAX_ERROR_CHARS)
             if link.bad_frames in (1, 10, 100) or link.bad_frames % 1000 == 0:
                 logger.bind(node=link.name).warning("bad frame #{}: {}", link.bad_frames, exc)
             return
+        if frame.node and str(frame.node) != link.pinned:
+            self._foreign(link, frame)
+            return
+        frame.node = p.Text(link.pinned or link.name)
         link.frames += 1
         link.last_frame_at = self.options.clock()
         if link.state == LinkState.STALE:
             self._set(link, LinkState.CONNECTED)
         if isinstance(frame, (p.ActionResult, p.SearchResult)):
-            fut = self._pending.get(str(frame.id))
-            if fut is not None and not fut.done():
+            asked, fut = self._pending.get(str(frame.id), (None, None))
+            if fut is not None and asked == link.endpoint and not fut.done():
                 fut.set_result(frame)
             if isinstance(frame, p.SearchResult):
                 return
         elif isinstance(frame, p.Gap):
-            link.gaps += frame.to_seq - frame.from_seq + 1
+            link.gaps += max(frame.to_seq - frame.from_seq + 1, 0)
             link.last_seq = max(link.last_seq, frame.to_seq)
+            link.last_gap = f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
         elif frame.seq:
             if frame.seq <= link.last_seq:
                 return  # already seen (a resume overlapped)

@@ -21,6 +21,7 @@ import msgspec
 from loguru import logger
 
 from agents import protocol as p
+from agents.preflight import plain
 from console.hostlist import Endpoint
 
 CHECK_COLUMNS = ("gpus", "stack", "network", "storage", "time", "comm")
@@ -163,7 +164,7 @@ def _text_hook(type_: type, obj: Any) -> Any:
 
 def to_fingerprint(data: Any) -> p.StackFingerprint:
     """A fingerprint from JSON-able data; raises msgspec.ValidationError."""
-    return msgspec.convert(data, p.StackFingerprint, strict=False, dec_hook=_text_hook)
+    return msgspec.convert(plain(data), p.StackFingerprint, strict=False, dec_hook=_text_hook)
 
 
 # --------------------------------------------------------------------- baseline
@@ -447,6 +448,12 @@ async def _run_comm(fleet: Any, report: PreflightReport, options: PreflightOptio
     ranks = [n.name for n in report.nodes if n.ok]
     if len(ranks) < 2:
         return CommReport(nodes=ranks, skipped="fewer than 2 nodes passed the other checks: no all-reduce test")
+    roles = {link.name: link.role for link in fleet.links.values()}
+    viewers = [name for name in ranks if roles.get(name) != "operator"]
+    if viewers:
+        # Agents start the all-reduce only for an operator: it runs torch and connects to a peer.
+        return CommReport(nodes=ranks, skipped=f"the all-reduce test needs an operator key; this key is a viewer on {', '.join(viewers[:3])}"
+                          + (f" (+{len(viewers) - 3} more)" if len(viewers) > 3 else ""))
     first = report.node(ranks[0])
     assert first is not None
     master = first.endpoint.rsplit(":", 1)[0].strip("[]")

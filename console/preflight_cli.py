@@ -32,11 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--gpus", type=int, metavar="N", help="GPUs every node must have")
     ap.add_argument("--no-comm", action="store_true", help="skip the all-reduce test")
     ap.add_argument("--comm-port", type=int, default=29499, metavar="PORT", help="rendezvous port on the first node (default 29499)")
-    ap.add_argument("--comm-mb", type=float, default=1.0, metavar="MB", help="all-reduce tensor size (default 1 MB)")
+    ap.add_argument("--comm-mb", type=float, default=1.0, metavar="MB", help="all-reduce tensor size (default 1 MB, at most 67; needs an operator key)")
     ap.add_argument("--slow-pair", type=float, default=0.3, metavar="FRACTION", help="a pair under this share of the fastest pair fails (default 0.3)")
     ap.add_argument("--min-busbw", type=float, default=0.0, metavar="GBPS", help="a pair under this bus bandwidth fails")
     ap.add_argument("--checkpoint-gb", type=float, default=0.0, metavar="GB", help="free space each checkpoint path needs")
-    ap.add_argument("--write-test-mb", type=float, default=16.0, metavar="MB", help="size of the write test (0: none)")
+    ap.add_argument("--write-test-mb", type=float, default=16.0, metavar="MB", help="size of the write test (default 16, at most 64 with an operator key; 0: none)")
     ap.add_argument("--min-write-mbps", type=float, default=0.0, metavar="MBPS", help="slowest acceptable checkpoint write")
     ap.add_argument("--nic-speed", type=float, metavar="MBPS", help="speed every configured NIC must run at")
     ap.add_argument("--max-clock-offset", type=float, default=0.5, metavar="S", help="largest clock offset from the fleet median")
@@ -55,6 +55,12 @@ def options_from_args(args: argparse.Namespace) -> Any:
             raise ValueError(f"--{flag.replace('_', '-')} must not be negative")
     if not 0 <= args.slow_pair <= 1:
         raise ValueError(f"--slow-pair must be between 0 and 1, got {args.slow_pair}")
+    from agents.preflight import MAX_COMM_BYTES, MAX_WRITE_TEST_MB
+
+    if args.write_test_mb > MAX_WRITE_TEST_MB:
+        raise ValueError(f"--write-test-mb must be at most {MAX_WRITE_TEST_MB:g} (agents cap the write test there)")
+    if args.comm_mb * 1e6 > MAX_COMM_BYTES:
+        raise ValueError(f"--comm-mb must be at most {MAX_COMM_BYTES / 1e6:g} (agents refuse larger all-reduce tests)")
     if not 0 < args.comm_port < 65536:
         raise ValueError(f"--comm-port must be a TCP port, got {args.comm_port}")
     if args.timeout <= 0:

@@ -12,7 +12,13 @@ def _na(value: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def frame_line(frame: p.Frame) -> str:
-    """Node text is already cleaned on decode; this only formats it."""
+    """One frame as one line; no control character reaches the terminal, whatever built the frame."""
+    line = _format(frame)
+    # Node text is cleaned on decode; this is the last line before the terminal.
+    return p.clean_text(line, len(line))
+
+
+def _format(frame: p.Frame) -> str:
     ts = time.strftime("%H:%M:%S", time.localtime(frame.ts)) if frame.ts else "--:--:--"
     head = f"{ts} {frame.node} #{frame.seq}"
     if isinstance(frame, p.Sample):

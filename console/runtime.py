@@ -221,6 +221,10 @@ class PlanRunner(Protocol):
     async def run(self, plan: Any) -> list[Any]: ...
 
 
+# How often writes the incident database refused are tried again.
+STORE_RETRY_S = 5.0
+
+
 class ConsoleRuntime:
     """Fleet -> store (+ engine); the operator's actions out, each with who and why."""
 
@@ -236,6 +240,7 @@ class ConsoleRuntime:
         plan_store: Any = None,
         read_only: bool = False,
         operator: str = "operator",
+        resume_wait: float = 30.0,
     ) -> None:
         self.store = store or StateStore()
         self.fleet = fleet
@@ -248,6 +253,16 @@ class ConsoleRuntime:
         self._log_refs: Counter[str] = Counter()
         self.read_only_flag = read_only
         self.operator = operator
+        # A resumed plan waits (at most this long) until every link has tried once,
+        # so its steps go to connected agents, not to links still dialling.
+        self.resume_wait = resume_wait
+        self._tried: set[str] = set()  # links that have been past "connecting" at least once
+        self._links_tried = asyncio.Event()
+        # What the operator must know now and no node told us (the incident database
+        # cannot be written, say); the status line shows it, a headless console prints it.
+        self.alert: str | None = None
+        self.store_retry_every = STORE_RETRY_S
+        self._store_retried = 0.0
 
     # Callbacks the fleet calls; they must stay cheap (O(frame)): the UI reads on its own tick.
     def on_frame(self, link: Any, frame: Frame) -> None:
@@ -265,8 +280,26 @@ class ConsoleRuntime:
                 return
             self._run_plans(plans)
 
+    def set_alert(self, text: str | None) -> None:
+        """Raise (or, with None, clear) the console's alert; the incident store calls it when its disk fails."""
+        self.alert = text
+        self.store.generation += 1
+
+    def retry_store(self, force: bool = False) -> None:
+        """Try again to write what the incident database refused (every ``store_retry_every`` seconds)."""
+        held = getattr(self.plan_store, "held", 0)
+        now = self.store.clock.now()
+        if not held or (not force and now - self._store_retried < self.store_retry_every):
+            return
+        self._store_retried = now
+        try:
+            self.plan_store.retry()
+        except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+            logger.exception("writing the held incident records failed")
+
     def tick_engine(self) -> None:
         """Time-based rules (heartbeat lost, ``for:`` windows); the app and the headless loop call it each tick."""
+        self.retry_store()
         if self.engine is None or hasattr(self.engine, "feed"):
             return  # a supervisor ticks its engine itself
         try:
@@ -300,15 +333,29 @@ class ConsoleRuntime:
     def on_status(self, link: Any) -> None:
         hello_name = str(link.hello.node) if getattr(link, "hello", None) is not None else None
         self.store.set_link(
-            str(link.endpoint), str(link.state), name=hello_name or link.name, error=link.last_error, role=link.role
+            str(link.endpoint), str(link.state), name=hello_name or link.name, error=link.last_error, role=link.role,
+            foreign_frames=link.foreign_frames,
         )
+        if str(link.state) != "connecting":
+            self._tried.add(str(link.endpoint))
+            if self._all_tried():
+                self._links_tried.set()
+
+    def _all_tried(self) -> bool:
+        links = getattr(self.fleet, "links", None)
+        return not links or all(str(ep) in self._tried for ep in links)
 
     @property
     def read_only(self) -> bool:
-        """Read-only when asked, or when no agent granted this console the operator role."""
+        """Read-only when configured so, or when every agent heard from gave this console only the viewer role.
+
+        Links not heard from yet decide nothing: right after a start no agent
+        has said hello, and a console configured to act must still act then.
+        """
         if self.read_only_flag:
             return True
-        return not any(node.role == "operator" for node in self.store.nodes.values())
+        roles = [node.role for node in self.store.nodes.values() if node.role]
+        return bool(roles) and "operator" not in roles
 
     async def start(self) -> None:
         if self.fleet is not None:
@@ -321,6 +368,13 @@ class ConsoleRuntime:
             task.add_done_callback(self._tasks.discard)
 
     async def _resume(self, resume: Callable[[], Any]) -> None:
+        if not self._all_tried():
+            try:
+                await asyncio.wait_for(self._links_tried.wait(), self.resume_wait)
+            except TimeoutError:
+                links = getattr(self.fleet, "links", {})
+                logger.warning("resuming unfinished plans with {} of {} links tried after {:g} s",
+                               len(self._tried), len(links), self.resume_wait)
         try:
             resumed = await resume()
             if resumed:
@@ -333,6 +387,10 @@ class ConsoleRuntime:
             task.cancel()
         if self.fleet is not None:
             await self.fleet.stop()
+        self.retry_store(force=True)  # a last try for records the disk refused
+        if getattr(self.plan_store, "held", 0):
+            logger.error("{} incident records could not be written before stopping: {}",
+                         self.plan_store.held, self.alert)
 
     def subscribe_logs(self, node: str, on: bool) -> None:
         """Counted: the node view and the logs view may both want a node's lines; the last one out stops them."""
@@ -456,6 +514,7 @@ class RuntimeOptions:
     operator: str = "operator"
     playbook_paths: list[str] = field(default_factory=list)
     connect_timeout: float = 5.0
+    resume_wait: float = 30.0  # how long resumed plans wait for the links to come up
 
 
 def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> ConsoleRuntime:
@@ -469,7 +528,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     from playbooks.engine import Engine as PlaybookEngine
     from playbooks.executor import Executor
     from playbooks.loader import load, load_builtin
-    from playbooks.store import IncidentStore
+    from playbooks.store import IncidentStore, StoreError
 
     clock = clock or SystemClock()
     store = StateStore(clock)
@@ -482,6 +541,8 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     db_path = options.db_path or ":memory:"
     try:
         incident_store = IncidentStore(db_path, clock)
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
     except sqlite3.Error as exc:
         raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
     engine = PlaybookEngine(playbooks, clock)
@@ -489,7 +550,12 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     # does not act a second time on a fault it already handled.
     engine.seed_from(incident_store)
     runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=engine,
-                             plan_store=incident_store, read_only=options.read_only, operator=options.operator)
+                             plan_store=incident_store, read_only=options.read_only, operator=options.operator,
+                             resume_wait=options.resume_wait)
+    incident_store.on_trouble = runtime.set_alert
+    if incident_store.bad_rows:
+        runtime.set_alert(f"{len(incident_store.bad_rows)} unreadable rows skipped in {db_path} "
+                          f"(first: {incident_store.bad_rows[0]})")
     executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store))
     runtime.executor = executor
     runtime.actor = ExecutorActor(executor, incident_store)

@@ -266,6 +266,8 @@ class NodeState:
     interval: float = 1.0
     isolated: bool = False
     gaps: int = 0
+    last_gap: str | None = None  # the last gap in words (an agent restart may lose an unknown number)
+    foreign_frames: int = 0  # frames its link dropped because they named another node
     last_error: str | None = None
     gpu_history: list[MetricRing] = field(default_factory=list)
     host_history: MetricRing = field(default_factory=lambda: MetricRing(4))
@@ -547,7 +549,8 @@ class StateStore:
             self._names[name] = node.key
 
     def set_link(
-        self, key: str, state: str, *, name: str | None = None, error: str | None = None, role: str | None = None
+        self, key: str, state: str, *, name: str | None = None, error: str | None = None, role: str | None = None,
+        foreign_frames: int | None = None,
     ) -> None:
         """Record a link change from the fleet (connecting, connected, stale, down, refused)."""
         node = self.node(key, name)
@@ -558,6 +561,8 @@ class StateStore:
         node.link_error = clean_text(error, 300) if error else None
         if role is not None:
             node.role = role
+        if foreign_frames is not None:
+            node.foreign_frames = foreign_frames
         self.generation += 1
 
     def apply(self, frame: Frame, key: str | None = None) -> None:
@@ -576,6 +581,9 @@ class StateStore:
             self._apply_hello(node, frame)
         elif isinstance(frame, Gap):
             node.gaps += max(frame.to_seq - frame.from_seq + 1, 0)
+            # An empty range is a loss of unknown size (an agent restarted): the reason says it.
+            node.last_gap = str(frame.reason) if frame.to_seq < frame.from_seq \
+                else f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
         elif isinstance(frame, Error):
             node.last_error = f"{frame.code}: {frame.message}" if frame.message else str(frame.code)
         elif isinstance(frame, ActionResult) and not frame.ok and frame.action != "preflight":

@@ -67,7 +67,8 @@ def _console(args: argparse.Namespace) -> int:
         endpoints, key, known = resolve_targets(args)
         extras = _cluster_extras(args)
         db = args.db or extras.get("db") or default_db()
-        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        # The database says which nodes failed how and who did what: a folder of its own, private.
+        Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         options = RuntimeOptions(
             endpoints=endpoints, key_path=key, known_hosts=known, db_path=db,
             read_only=args.read_only or extras.get("read_only", False),
@@ -96,10 +97,16 @@ def _console(args: argparse.Namespace) -> int:
 
 async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a ConsoleRuntime
     """Print link changes and new incidents as they happen; a summary line when the count changes, or each minute."""
+    from agents.protocol import clean_text
+    from console.commands import clean_logs
     from console.widgets.status_bar import format_age
 
+    clean_logs()
+    for note in getattr(runtime.plan_store, "bad_rows", []):
+        print(f"gridwatch console: skipped a bad row: {note}", file=sys.stderr, flush=True)
     await runtime.start()
     store = runtime.store
+    alert: str | None = None
     stop = asyncio.Event()
     # As a service it is stopped with SIGTERM: close the connections and the database cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,17 +120,23 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
     try:
         while not stop.is_set() and (duration is None or loop.time() - started < duration):
             runtime.tick_engine()
+            if runtime.alert != alert:
+                alert = runtime.alert
+                print(f"ALERT: {alert}" if alert else "alert cleared", file=sys.stderr, flush=True)
             for node in store.nodes.values():
                 state = str(store.status(node))
                 if links.get(node.key) != state:
                     links[node.key] = state
-                    error = node.link_error or node.last_error
-                    print(f"node {node.name} {state}" + (f": {error}" if error and state != "ok" else ""), flush=True)
+                    # What a peer said (a disconnect reason, an error) reaches the terminal cleaned.
+                    error = clean_text(node.link_error or node.last_error or "", 300)
+                    print(f"node {clean_text(node.name, 200)} {state}" + (f": {error}" if error and state != "ok" else ""),
+                          flush=True)
             if runtime.incidents is not None:
                 for row in runtime.incidents.incidents():
                     if row.id not in seen_incidents:
                         seen_incidents.add(row.id)
-                        print(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]", flush=True)
+                        print(clean_text(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]"),
+                              flush=True)
             s = store.summary()
             if (s.connected, s.total) != last_counts or loop.time() - last_summary >= 60:
                 last_summary, last_counts = loop.time(), (s.connected, s.total)

@@ -13,6 +13,7 @@ new incident lists it in ``supersedes``, so the executor stops its plan.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
@@ -62,6 +63,9 @@ class NodeState:
     lost: bool = False
     trainer_step: int | None = None
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
+    boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run
+    last_ident: str = ""  # identity of the last frame it sent (what a lost heartbeat is named after)
+    hello_ident: str = ""  # identity of its last hello (what a stack mismatch is named after)
 
     @property
     def out(self) -> bool:
@@ -74,6 +78,10 @@ class _Symptom:
     gpu: int | None
     summary: str
     details: dict[str, str] = field(default_factory=dict)
+    ident: str = ""  # the identity of the frame behind it (see Engine._identity)
+
+
+_ID_SAFE = re.compile(r"[^A-Za-z0-9]")
 
 
 def _share(seen: deque[tuple[float, str]]) -> float:
@@ -95,10 +103,12 @@ class Engine:
         self._by_id: dict[str, Incident] = {}
         self._closed: deque[Incident] = deque(maxlen=_HISTORY)
         self._counts: dict[tuple[str, str], deque[tuple[float, str]]] = {}  # reports counted: (time, distinct mark)
-        self._holds: dict[tuple[str, str, int | None], float] = {}  # metric condition true since
+        # metric condition true since (console time, identity of the first sample it held in)
+        self._holds: dict[tuple[str, str, int | None], tuple[float, str]] = {}
         self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
         self.ledger = GuardLedger()
         self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
+        self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
 
     # ----------------------------------------------------------------- input
 
@@ -110,8 +120,32 @@ class Engine:
         """Take one frame from ``source`` (an endpoint or a node name); return plans made now."""
         now = self.clock.now()
         node = self._node_for(source, frame, now)
+        if isinstance(frame, Hello):
+            node.boot_id = _ID_SAFE.sub("", str(frame.boot_id))[:8]
+        self._frame_ident = node.last_ident = self._identity(node, frame, now)
+        try:
+            return self._observe(node, frame, now)
+        finally:
+            self._frame_ident = ""
+
+    @staticmethod
+    def _identity(node: NodeState, frame: Frame, now: float) -> str:
+        """What names a frame the same way on every console: its own time, plus boot id and seq when known.
+
+        Incident ids are built on it, never on the console's clock, so two
+        consoles (or one that stalled) name one fault alike and the agents'
+        idempotency keys hold across them. A frame without a time (hand-made
+        in a test) falls back to the clock.
+        """
+        ident = str(int(frame.ts if frame.ts > 0 else now))
+        if node.boot_id and frame.seq > 0:
+            ident += f".{node.boot_id}.{frame.seq}"
+        return ident
+
+    def _observe(self, node: NodeState, frame: Frame, now: float) -> list[Plan]:
         plans: list[Plan] = []
         if isinstance(frame, Hello):
+            node.hello_ident = self._frame_ident
             node.interval = frame.interval if frame.interval > 0 else node.interval
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
@@ -165,7 +199,7 @@ class Engine:
                     self._latched.add(latch)
                     summary = (f"no frame from {node.name} for {silent:.0f}s "
                                f"({trig.missed:g} x its {node.interval:g}s interval)")
-                    plans += self._symptom(pb, _Symptom(node.name, None, summary), now)
+                    plans += self._symptom(pb, _Symptom(node.name, None, summary, ident=node.last_ident), now)
         plans += self._check_stacks(now)
         for incident_id, due in sorted(self._pending.items(), key=lambda kv: kv[1]):
             if now >= due:
@@ -342,12 +376,13 @@ class Engine:
                     self._holds.pop(key, None)
                     self._latched.discard(latch)
                     continue
-                since = self._holds.setdefault(key, now)
+                # Named after the sample it began in: every console saw that one alike.
+                since, ident = self._holds.setdefault(key, (now, self._frame_ident))
                 if now - since >= cond.hold and latch not in self._latched:
                     self._latched.add(latch)
                     where = f"{node.name} gpu {gpu}" if gpu is not None else node.name
                     summary = f"{cond.metric} = {value:g} on {where} ({cond}, held {now - since:.0f}s)"
-                    plans += self._symptom(pb, _Symptom(node.name, gpu, summary), now)
+                    plans += self._symptom(pb, _Symptom(node.name, gpu, summary, ident=ident), now)
         return plans
 
     def _check_stacks(self, now: float) -> list[Plan]:
@@ -370,7 +405,7 @@ class Engine:
                 self._latched.add(latch)
                 summary = (f"{node.name} runs software stack {node.stack_hash[:12]}, "
                            f"{hashes.count(majority)} of {len(hashes)} nodes run {majority[:12]}")
-                plans += self._symptom(pb, _Symptom(node.name, None, summary), now)
+                plans += self._symptom(pb, _Symptom(node.name, None, summary, ident=node.hello_ident), now)
         return plans
 
     # -------------------------------------------------------------- incidents
@@ -379,7 +414,7 @@ class Engine:
         return next((pb for pb in self.playbooks if pb.name == name), None)
 
     def _new_id(self, base: str) -> str:
-        """``base``, or ``base-2``, ``base-3``... when an incident opened in the same second holds it."""
+        """``base``, or ``base-2``, ``base-3``... when an incident opened from the same frame holds it."""
         taken = set(self._by_id) | {inc.id for inc in self._closed}
         if base not in taken:
             return base
@@ -443,8 +478,9 @@ class Engine:
         node_state = self.nodes.get(symptom.node)
         if target != symptom.node:
             symptom.summary += f" (acting on {target})"
+        ident = symptom.ident or self._frame_ident or str(int(now))
         incident = Incident(
-            id=self._new_id(f"{pb.name}:{key}:{int(now)}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
+            id=self._new_id(f"{pb.name}:{key}:{ident}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
             scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,
             job=node_state.job if node_state else "", summary=symptom.summary, opened_at=now,
             last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import msgspec
 from loguru import logger
 
 from agents.protocol import ActionResult
@@ -113,6 +114,9 @@ class Executor:
     async def run(self, plan: Plan) -> list[StepRecord]:
         """Record the plan and run what has not run yet, in order; returns every step's record."""
         self.store.save_plan(plan)
+        trouble = getattr(self.store, "trouble", None)
+        if trouble:
+            await self._tell_unrecorded(plan, trouble)
         for old in plan.incident.supersedes:
             self._stand_down(old, plan.incident)
         return await self._continue(plan.incident.id)
@@ -221,6 +225,18 @@ class Executor:
                     escalated = True
                     await self._escalate(incident, step, stop_reason)
         return self.store.steps(incident_id)
+
+    async def _tell_unrecorded(self, plan: Plan, trouble: str) -> None:
+        """The plan runs, but its record is only in memory: the people its plan would tell hear that too."""
+        told = next((s for s in plan.steps if s.step in ("notify", "escalate")), None)
+        step = msgspec.structs.replace(told, message="") if told is not None else PlannedStep(
+            id=f"{plan.incident.id}/store", incident=plan.incident.id, playbook=plan.incident.playbook, index=-1,
+            step="escalate", target=plan.incident.node, at=self.clock.now(), timeout=10.0)
+        text = f"{plan.incident.id} is acted on but not yet recorded: {trouble}"
+        try:
+            await asyncio.wait_for(self.notifier.notify(step, plan.incident, text, True), step.timeout)
+        except (asyncio.TimeoutError, OSError, RuntimeError, ValueError) as exc:
+            logger.bind(node=plan.incident.node).error("could not tell anyone that {}: {}", text, exc)
 
     def _describe(self, step: PlannedStep) -> str:
         where = ",".join(step.nodes) if step.nodes else step.target

@@ -57,6 +57,9 @@ def seed_engine(engine: Engine, store: IncidentStore, now: float) -> SeedSummary
         incident = store.stored_incident(record.id)
         if pb is None or incident is None:
             continue  # a playbook no longer loaded guards nothing
+        if not incident.id.startswith(f"{pb.name}:") or incident.id.count(":") < 2:
+            store.report_bad_row("incidents", incident.id, "its id is not <playbook>:<scope>:<event>")
+            continue
         key = scope_key(incident.id, pb.name)
         steps = store.steps(incident.id)
         acting = [s for s in steps if s.decision == "act"]

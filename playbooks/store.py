@@ -3,15 +3,25 @@
 The console shows and changes incidents through this API (acknowledge, silence
 with an expiry, resolve); the executor records every step here before and after
 it runs, which is what makes a resumed plan skip what already happened.
+
+Bad luck is survived, not obeyed: a write the disk refuses (full, I/O error,
+read-only) is kept in memory, the store says so (``trouble``, ``on_trouble``)
+and the writes land, in order, once the disk takes them again; a row that does
+not decode is skipped and reported by file and row; a database of another
+program or of a newer gridwatch is refused in one sentence (``StoreError``).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import msgspec
+from loguru import logger
 
 from playbooks.clock import Clock, SystemClock
 from playbooks.plans import Incident, Plan, PlannedStep
@@ -21,6 +31,14 @@ INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolve
 # awaiting_confirmation (-> running on confirm, declined), interrupted (the
 # console stopped while it ran: not repeated, since we cannot know if it acted).
 STEP_DONE_STATES: frozenset[str] = frozenset({"done", "failed", "skipped", "escalated", "declined", "interrupted"})
+
+# PRAGMA user_version of a database this code made; a newer one is refused, 0 is a file from before versions.
+SCHEMA_VERSION = 1
+_TABLES = frozenset({"incidents", "steps", "audit"})
+# SQLite result codes meaning "the disk will not take it now", kept for a retry (sqlite3.h).
+_RETRYABLE = frozenset({5, 6, 8, 10, 13, 14})  # BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN
+
+Op = tuple[str, tuple[Any, ...]]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -43,6 +61,10 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_by_incident ON audit(incident, id);
 """
+
+
+class StoreError(ValueError):
+    """The incident database cannot be used (not ours, newer, not a database); the message says why."""
 
 
 class UnknownIncident(KeyError):
@@ -110,44 +132,152 @@ _STEP_COLS = "id, incident, idx, step, target, decision, reason, state, started_
 
 
 class IncidentStore:
-    """One SQLite file; every write is committed at once so a crash loses nothing recorded."""
+    """One SQLite file; every write is committed at once so a crash loses nothing recorded.
 
-    def __init__(self, path: str | Path, clock: Clock | None = None) -> None:
+    ``on_trouble`` is called with a sentence when writes start being held in
+    memory and with None once they are all on disk again.
+    """
+
+    def __init__(self, path: str | Path, clock: Clock | None = None,
+                 on_trouble: Callable[[str | None], None] | None = None) -> None:
         self.path = str(path)
         self.clock = clock or SystemClock()
-        self._db = sqlite3.connect(self.path, isolation_level=None)
+        self.on_trouble = on_trouble
+        self.trouble: str | None = None  # why writes are held in memory, or None
+        self.bad_rows: list[str] = []  # "<file>: <table> row <rowid>: why", once each
+        self._pending: list[list[Op]] = []  # writes the disk refused, oldest first
+        self._mem: sqlite3.Connection | None = None  # the file's content plus the pending writes
+        if self.path != ":memory:":
+            _create_private(self.path)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._open()
+            if self.path != ":memory:":
+                _tighten(self.path)
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot open the incident database {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not an incident database: {exc}") from None
+
+    def _open(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer gridwatch (schema {version}, this one reads "
+                             f"{SCHEMA_VERSION}); use that version or another --db")
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
+        if version == 0 and tables and not _TABLES <= tables:
+            raise StoreError(f"{self.path} is not an incident database (it holds tables "
+                             f"{', '.join(sorted(tables))}); give another --db")
+        if version == 0 and tables:
+            missing = self._missing_columns()
+            if missing:
+                raise StoreError(f"{self.path} is not an incident database of this shape "
+                                 f"(missing {', '.join(missing)}); give another --db")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        if version != SCHEMA_VERSION:
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _missing_columns(self) -> list[str]:
+        wanted = {"incidents": [c.strip() for c in _INCIDENT_COLS.split(",")] + ["incident_json"],
+                  "steps": [c.strip() for c in _STEP_COLS.split(",")]}
+        missing = []
+        for table, cols in wanted.items():
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            missing += [f"{table}.{c}" for c in cols if c not in have]
+        return missing
 
     def close(self) -> None:
+        if self._pending:
+            self.retry()
+        if self._pending:
+            logger.error("{}: {} writes could not be saved before closing ({})", self.path, len(self._pending),
+                         self.trouble)
         self._db.close()
+        if self._mem is not None:
+            self._mem.close()
+
+    # ----------------------------------------------------------- writing
+
+    @property
+    def _read(self) -> sqlite3.Connection:
+        # While writes are held, the memory copy is the truth: it has them.
+        return self._mem if self._mem is not None else self._db
+
+    def _write(self, ops: list[Op]) -> int:
+        """Run ``ops`` as one transaction; held in memory if the disk refuses. Returns the last row id."""
+        if self._pending:
+            self.retry()
+        if not self._pending:
+            try:
+                return _apply(self._db, ops)
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _RETRYABLE:
+                    raise
+                self._hold(exc)
+        assert self._mem is not None
+        self._pending.append(ops)
+        return _apply(self._mem, ops)
+
+    def _hold(self, exc: sqlite3.Error) -> None:
+        """The disk refused a write: from now on reads and writes go to a copy in memory."""
+        mem = sqlite3.connect(":memory:", isolation_level=None)
+        self._db.backup(mem)
+        self._mem = mem
+        self.trouble = (f"the incident database {self.path} cannot be written ({exc}); incidents are acted on "
+                        f"and kept in memory until it can")
+        logger.error(self.trouble)
+        if self.on_trouble is not None:
+            self.on_trouble(self.trouble)
+
+    def retry(self) -> bool:
+        """Try the held writes again, in order; True when nothing is held any more."""
+        while self._pending:
+            try:
+                _apply(self._db, self._pending[0])
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _RETRYABLE:
+                    raise
+                return False
+            self._pending.pop(0)
+        if self._mem is not None:
+            self._mem.close()
+            self._mem = None
+            logger.info("the incident database {} is written again; nothing was lost", self.path)
+            self.trouble = None
+            if self.on_trouble is not None:
+                self.on_trouble(None)
+        return True
+
+    @property
+    def held(self) -> int:
+        """How many writes wait in memory for the disk."""
+        return len(self._pending)
 
     # -------------------------------------------------------------- incidents
 
     def save_plan(self, plan: Plan) -> list[StepRecord]:
-        """Record an incident and its plan; steps already recorded are left as they are."""
-        self.upsert_incident(plan.incident)
-        # One transaction: a plan is recorded whole or not at all.
-        self._db.execute("BEGIN")
-        try:
-            for step in plan.steps:
-                self._db.execute(
-                    "INSERT OR IGNORE INTO steps (id, incident, idx, step, target, decision, reason, state, planned_json)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'planned', ?)",
-                    (step.id, step.incident, step.index, step.step, step.target, step.decision, step.reason,
-                     msgspec.json.encode(step)),
-                )
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        """Record an incident and its plan, whole or not at all; steps already recorded are left as they are."""
+        ops = [self._upsert_op(plan.incident)]
+        for step in plan.steps:
+            ops.append((
+                "INSERT OR IGNORE INTO steps (id, incident, idx, step, target, decision, reason, state, planned_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'planned', ?)",
+                (step.id, step.incident, step.index, step.step, step.target, step.decision, step.reason,
+                 msgspec.json.encode(step)),
+            ))
+        self._write(ops)
         return self.steps(plan.incident.id)
 
     def upsert_incident(self, incident: Incident) -> None:
         """Insert an incident, or refresh what the engine learnt since (symptoms, recovery)."""
+        self._write([self._upsert_op(incident)])
+
+    @staticmethod
+    def _upsert_op(incident: Incident) -> Op:
         blob = msgspec.json.encode(incident)
-        self._db.execute(
+        return (
             "INSERT INTO incidents (id, playbook, node, gpu, kind, severity, scope, summary, symptoms, detected_at,"
             " recovered_at, incident_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(id) DO UPDATE SET node=excluded.node, summary=excluded.summary,"
@@ -158,36 +288,43 @@ class IncidentStore:
         )
 
     def incident(self, incident_id: str) -> IncidentRecord | None:
-        row = self._db.execute(f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        row = self._read.execute(f"SELECT rowid, {_INCIDENT_COLS} FROM incidents WHERE id = ?",
+                                 (incident_id,)).fetchone()
         return self._incident_row(row) if row else None
 
     def stored_incident(self, incident_id: str) -> Incident | None:
-        """The engine's incident as it was last saved (for resuming its plan)."""
-        row = self._db.execute("SELECT incident_json FROM incidents WHERE id = ?", (incident_id,)).fetchone()
-        return msgspec.json.decode(row[0], type=Incident) if row else None
+        """The engine's incident as it was last saved (for resuming its plan); None if missing or unreadable."""
+        row = self._read.execute("SELECT rowid, incident_json FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return msgspec.json.decode(row[1], type=Incident)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+            self.report_bad_row("incidents", row[0], f"incident_json: {exc}")
+            return None
 
     def incidents(self, states: Iterable[str] | None = None, limit: int = 500) -> list[IncidentRecord]:
         """Newest first; ``states`` filters on the effective state (an expired silence is open)."""
-        rows = self._db.execute(
-            f"SELECT {_INCIDENT_COLS} FROM incidents ORDER BY detected_at DESC, id LIMIT ?", (limit,)
+        rows = self._read.execute(
+            f"SELECT rowid, {_INCIDENT_COLS} FROM incidents ORDER BY detected_at DESC, id LIMIT ?", (limit,)
         ).fetchall()
-        records = [self._incident_row(r) for r in rows]
+        records = [r for r in map(self._incident_row, rows) if r is not None]
         wanted = set(states) if states is not None else None
         return [r for r in records if wanted is None or r.state in wanted]
 
     def incidents_since(self, since: float) -> list[IncidentRecord]:
         """Every incident detected at or after ``since``, oldest first (what a restarted engine remembers)."""
-        rows = self._db.execute(
-            f"SELECT {_INCIDENT_COLS} FROM incidents WHERE detected_at >= ? ORDER BY detected_at, id", (since,)
+        rows = self._read.execute(
+            f"SELECT rowid, {_INCIDENT_COLS} FROM incidents WHERE detected_at >= ? ORDER BY detected_at, id", (since,)
         ).fetchall()
-        return [self._incident_row(r) for r in rows]
+        return [r for r in map(self._incident_row, rows) if r is not None]
 
     def acknowledge(self, incident_id: str, who: str, why: str = "") -> IncidentRecord:
         """Someone is on it: it stays listed but stops paging."""
         self._require(incident_id)
-        self._db.execute("UPDATE incidents SET state='acknowledged', acknowledged_by=?, silenced_until=NULL"
-                         " WHERE id=? AND state != 'resolved'", (who, incident_id))
-        self.audit(who, "acknowledge", why, incident=incident_id, phase="operator")
+        self._write([("UPDATE incidents SET state='acknowledged', acknowledged_by=?, silenced_until=NULL"
+                      " WHERE id=? AND state != 'resolved'", (who, incident_id)),
+                     self._audit_op(who, "acknowledge", why, incident_id, None, "operator", "")])
         return self._require(incident_id)
 
     def silence(self, incident_id: str, who: str, until: float, why: str = "") -> IncidentRecord:
@@ -195,73 +332,83 @@ class IncidentStore:
         self._require(incident_id)
         if until <= self.clock.now():
             raise ValueError("a silence must end in the future")
-        self._db.execute("UPDATE incidents SET state='silenced', silenced_until=? WHERE id=? AND state != 'resolved'",
-                         (until, incident_id))
-        self.audit(who, "silence", why, incident=incident_id, phase="operator", outcome=f"until {until:.0f}")
+        self._write([("UPDATE incidents SET state='silenced', silenced_until=? WHERE id=? AND state != 'resolved'",
+                      (until, incident_id)),
+                     self._audit_op(who, "silence", why, incident_id, None, "operator", f"until {until:.0f}")])
         return self._require(incident_id)
 
     def resolve(self, incident_id: str, who: str, why: str = "") -> IncidentRecord:
         """Done with it. Tell the engine too (``Engine.resolve``) so a new symptom opens a new incident."""
         self._require(incident_id)
-        self._db.execute("UPDATE incidents SET state='resolved', resolved_at=COALESCE(resolved_at, ?),"
-                         " silenced_until=NULL WHERE id=?", (self.clock.now(), incident_id))
-        self.audit(who, "resolve", why, incident=incident_id, phase="operator")
+        self._write([("UPDATE incidents SET state='resolved', resolved_at=COALESCE(resolved_at, ?),"
+                      " silenced_until=NULL WHERE id=?", (self.clock.now(), incident_id)),
+                     self._audit_op(who, "resolve", why, incident_id, None, "operator", "")])
         return self._require(incident_id)
 
     def mark_acted(self, incident_id: str, when: float) -> None:
-        self._db.execute("UPDATE incidents SET acted_at=COALESCE(acted_at, ?) WHERE id=?", (when, incident_id))
+        self._write([("UPDATE incidents SET acted_at=COALESCE(acted_at, ?) WHERE id=?", (when, incident_id))])
 
     def mark_recovered(self, incident_id: str, when: float) -> None:
-        self._db.execute("UPDATE incidents SET recovered_at=COALESCE(recovered_at, ?) WHERE id=?", (when, incident_id))
+        self._write([("UPDATE incidents SET recovered_at=COALESCE(recovered_at, ?) WHERE id=?", (when, incident_id))])
 
     # ------------------------------------------------------------------ steps
 
     def steps(self, incident_id: str) -> list[StepRecord]:
-        rows = self._db.execute(f"SELECT {_STEP_COLS} FROM steps WHERE incident=? ORDER BY idx", (incident_id,))
-        return [self._step_row(r) for r in rows.fetchall()]
+        rows = self._read.execute(f"SELECT rowid, {_STEP_COLS} FROM steps WHERE incident=? ORDER BY idx",
+                                  (incident_id,))
+        return [r for r in map(self._step_row, rows.fetchall()) if r is not None]
 
     def step(self, step_id: str) -> StepRecord | None:
-        row = self._db.execute(f"SELECT {_STEP_COLS} FROM steps WHERE id=?", (step_id,)).fetchone()
+        row = self._read.execute(f"SELECT rowid, {_STEP_COLS} FROM steps WHERE id=?", (step_id,)).fetchone()
         return self._step_row(row) if row else None
 
     def set_step(self, step_id: str, state: str, outcome: str = "", *, started: bool = False,
                  decision: str | None = None) -> None:
         now = self.clock.now()
         if started:
-            self._db.execute("UPDATE steps SET state=?, started_at=?, outcome=? WHERE id=?", (state, now, outcome, step_id))
+            ops = [("UPDATE steps SET state=?, started_at=?, outcome=? WHERE id=?", (state, now, outcome, step_id))]
         elif state in STEP_DONE_STATES:
-            self._db.execute("UPDATE steps SET state=?, finished_at=?, outcome=? WHERE id=?", (state, now, outcome, step_id))
+            ops = [("UPDATE steps SET state=?, finished_at=?, outcome=? WHERE id=?", (state, now, outcome, step_id))]
         else:
-            self._db.execute("UPDATE steps SET state=?, outcome=? WHERE id=?", (state, outcome, step_id))
+            ops = [("UPDATE steps SET state=?, outcome=? WHERE id=?", (state, outcome, step_id))]
         if decision is not None:
-            self._db.execute("UPDATE steps SET decision=? WHERE id=?", (decision, step_id))
+            ops.append(("UPDATE steps SET decision=? WHERE id=?", (decision, step_id)))
+        self._write(ops)
 
     def unfinished(self) -> list[str]:
         """Incidents whose plan has a step not yet run (a console restart resumes these)."""
-        rows = self._db.execute("SELECT DISTINCT s.incident FROM steps s JOIN incidents i ON i.id = s.incident"
-                                " WHERE s.state IN ('planned', 'running') AND i.state != 'resolved'"
-                                " ORDER BY s.incident").fetchall()
-        return [r[0] for r in rows]
+        rows = self._read.execute("SELECT DISTINCT s.incident FROM steps s JOIN incidents i ON i.id = s.incident"
+                                  " WHERE s.state IN ('planned', 'running') AND i.state != 'resolved'"
+                                  " ORDER BY s.incident").fetchall()
+        return [r[0] for r in rows if isinstance(r[0], str)]
 
     # ------------------------------------------------------------------ audit
 
+    def _audit_op(self, who: str, what: str, why: str, incident: str | None, step: str | None, phase: str,
+                  outcome: str) -> Op:
+        return ("INSERT INTO audit (ts, who, what, why, incident, step, phase, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.clock.now(), who, what, why, incident, step, phase, outcome))
+
     def audit(self, who: str, what: str, why: str, *, incident: str | None = None, step: str | None = None,
               phase: str = "operator", outcome: str = "") -> int:
-        cur = self._db.execute(
-            "INSERT INTO audit (ts, who, what, why, incident, step, phase, outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (self.clock.now(), who, what, why, incident, step, phase, outcome),
-        )
-        return int(cur.lastrowid or 0)
+        return self._write([self._audit_op(who, what, why, incident, step, phase, outcome)])
 
     def audit_log(self, incident: str | None = None, limit: int = 1000) -> list[AuditEntry]:
         """Oldest first, for one incident or all."""
         cols = "id, ts, who, what, why, incident, step, phase, outcome"
         if incident is None:
-            rows = self._db.execute(f"SELECT {cols} FROM audit ORDER BY id LIMIT ?", (limit,))
+            rows = self._read.execute(f"SELECT {cols} FROM audit ORDER BY id LIMIT ?", (limit,))
         else:
-            rows = self._db.execute(f"SELECT {cols} FROM audit WHERE incident=? ORDER BY id LIMIT ?", (incident, limit))
-        return [AuditEntry(id=r[0], ts=r[1], who=r[2], what=r[3], why=r[4], incident=r[5], step=r[6],
-                           phase=r[7], outcome=r[8]) for r in rows.fetchall()]
+            rows = self._read.execute(f"SELECT {cols} FROM audit WHERE incident=? ORDER BY id LIMIT ?",
+                                      (incident, limit))
+        entries = []
+        for r in rows.fetchall():
+            fields = dict(zip(("id", "ts", "who", "what", "why", "incident", "step", "phase", "outcome"), r))
+            try:
+                entries.append(msgspec.convert(fields, AuditEntry))
+            except msgspec.ValidationError as exc:
+                self.report_bad_row("audit", r[0], str(exc))
+        return entries
 
     # -------------------------------------------------------------- internals
 
@@ -271,13 +418,67 @@ class IncidentStore:
             raise UnknownIncident(f"no incident {incident_id!r} in {self.path}")
         return record
 
-    def _incident_row(self, row: tuple) -> IncidentRecord:
-        fields = dict(zip([c.strip() for c in _INCIDENT_COLS.split(",")], row))
-        if fields["state"] == "silenced" and (fields["silenced_until"] or 0) <= self.clock.now():
-            fields["state"] = "open"  # the silence ran out
-        return IncidentRecord(**fields)
+    def report_bad_row(self, table: str, rowid: Any, why: str) -> None:
+        """Report a row that does not decode, once; the rest of the database stays usable."""
+        note = f"{self.path}: {table} row {rowid}: {why}"
+        if note not in self.bad_rows:
+            self.bad_rows.append(note)
+            logger.warning("skipped a bad row: {}", note)
 
-    def _step_row(self, row: tuple) -> StepRecord:
-        return StepRecord(id=row[0], incident=row[1], index=row[2], step=row[3], target=row[4], decision=row[5],
-                          reason=row[6], state=row[7], started_at=row[8], finished_at=row[9], outcome=row[10],
-                          planned=msgspec.json.decode(row[11], type=PlannedStep))
+    def _incident_row(self, row: tuple) -> IncidentRecord | None:
+        fields = dict(zip([c.strip() for c in _INCIDENT_COLS.split(",")], row[1:]))
+        try:
+            record = msgspec.convert(fields, IncidentRecord)
+        except msgspec.ValidationError as exc:
+            self.report_bad_row("incidents", row[0], str(exc))
+            return None
+        if record.state == "silenced" and (record.silenced_until or 0) <= self.clock.now():
+            record.state = "open"  # the silence ran out
+        return record
+
+    def _step_row(self, row: tuple) -> StepRecord | None:
+        fields = dict(zip(("id", "incident", "index", "step", "target", "decision", "reason", "state", "started_at",
+                           "finished_at", "outcome"), row[1:12]))
+        try:
+            fields["planned"] = msgspec.json.decode(row[12], type=PlannedStep)
+            return msgspec.convert(fields, StepRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+            self.report_bad_row("steps", row[0], str(exc))
+            return None
+
+
+def _apply(db: sqlite3.Connection, ops: list[Op]) -> int:
+    """Run ``ops`` in one transaction on ``db``; the last row id."""
+    rowid = 0
+    db.execute("BEGIN")
+    try:
+        for sql, params in ops:
+            rowid = db.execute(sql, params).lastrowid or rowid
+    except BaseException:
+        if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk among them)
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return int(rowid)
+
+
+def _create_private(path: str) -> None:
+    """Create the database file 0600: SQLite gives its -wal and -journal the mode of the database."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+def _tighten(path: str) -> None:
+    """An incident database of ours that others can read becomes 0600 (its -wal and -shm too)."""
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            # Incidents name nodes, faults and who did what: not for every local user.
+            os.chmod(name, 0o600)
+            logger.warning("{} was readable by others; now 0600", name)

@@ -57,12 +57,13 @@ def read_trace(lines: Iterable[str | bytes], stats: TraceStats) -> Iterator[Trac
         endpoint = ""
         try:
             value = _wrapper.decode(text)
-        except msgspec.DecodeError:
+            if isinstance(value, dict) and "frame" in value and "type" not in value:
+                endpoint = str(value.get("endpoint") or "")
+                text = msgspec.json.encode(value["frame"])
+        except (msgspec.DecodeError, RecursionError):
+            # A line nested hundreds deep is one bad line, like any other garbage.
             stats.skip("garbage", line_no)
             continue
-        if isinstance(value, dict) and "frame" in value and "type" not in value:
-            endpoint = str(value.get("endpoint") or "")
-            text = msgspec.json.encode(value["frame"])
         try:
             frame = decode_any_frame(text)
         except FrameError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -50,20 +49,24 @@ def wait_until_sync(cond: Callable[[], object], timeout: float = 10.0, what: str
 
 @pytest.fixture(scope="session", autouse=True)
 def _tier0_cleanup():
-    """Interrupted test runs keep their RAM tier for a resume; the suite gives it back at the end."""
-    shm = Path("/dev/shm")
-    before = set(shm.glob("gw-*")) if shm.is_dir() else set()
+    """Interrupted test runs keep their RAM tier for a resume (a finished run removes its own); the suite gives it back at the end."""
+    from trainer.config import tier0_base
+    from trainer.private import remove_private_dir
+
+    bases = {b for b in (tier0_base(), Path("/dev/shm")) if b is not None and b.is_dir()}
+    before = {p for b in bases for p in b.glob("gw-*")}
     yield
-    if shm.is_dir():
-        for path in set(shm.glob("gw-*")) - before:
-            shutil.rmtree(path, ignore_errors=True)
+    for path in {p for b in bases for p in b.glob("gw-*")} - before:
+        remove_private_dir(path)  # only this user's: another user's directory is not ours to remove
 
 
 @pytest.fixture
 def keys(tmp_path: Path):
+    # One host key for every test agent, chosen explicitly: tests start many agents on
+    # fresh ports and pin them all with one '*' line. Deployments give each node its own.
     from agents.keys import init_keys
 
-    return init_keys(tmp_path / "keys")
+    return init_keys(tmp_path / "keys", shared_host_key=True)
 
 
 @dataclass

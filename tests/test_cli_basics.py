@@ -41,7 +41,7 @@ def test_version():
 
 
 def test_keys_init_writes_openssh_files(tmp_path):
-    out = run_cli("keys", "init", str(tmp_path / "k"))
+    out = run_cli("keys", "init", "--shared-host-key", str(tmp_path / "k"))
     assert out.returncode == 0, out.stderr
     k = tmp_path / "k"
     for name in ("agent_host_key", "viewer_key", "operator_key"):
@@ -50,7 +50,8 @@ def test_keys_init_writes_openssh_files(tmp_path):
         assert (k / name).stat().st_mode & 0o077 == 0
     assert (k / "authorized_viewers").read_text() == (k / "viewer_key.pub").read_text()
     assert (k / "authorized_operators").read_text() == (k / "operator_key.pub").read_text()
-    assert (k / "known_hosts").read_text().split()[1:3] == (k / "agent_host_key.pub").read_text().split()[:2]
+    pins = [line for line in (k / "known_hosts").read_text().splitlines() if not line.startswith("#")]
+    assert [line.split()[:3] for line in pins] == [["*", *(k / "agent_host_key.pub").read_text().split()[:2]]]
     again = run_cli("keys", "init", str(k))
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
 

@@ -121,6 +121,8 @@ def test_cli_no_reachable_node_exits_2(keys, capsys) -> None:
         (["--gpus", "-1"], "--gpus must be 0 or more"),
         (["--baseline", "/nonexistent/stack.json"], "cannot read"),
         (["--comm-port", "70000"], "--comm-port must be a TCP port"),
+        (["--write-test-mb", "100000"], "--write-test-mb must be at most 64"),
+        (["--comm-mb", "2000"], "--comm-mb must be at most"),
     ],
 )
 def test_cli_bad_args_exit_2_with_one_line(keys, capsys, extra: list[str], message: str) -> None:

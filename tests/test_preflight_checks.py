@@ -88,7 +88,7 @@ async def test_bad_args_are_refused_in_one_line() -> None:
     assert not res.ok and res.message == "unknown check(s) vibes; known: gpus, stack, network, storage, time, comm"
     res = await run_checks(agent, _action("preflight", gpus="two"))
     assert not res.ok and res.message.startswith("bad preflight args: Expected `int | null`")
-    res = await run_checks(agent, _action("preflight", checks=["comm"]))
+    res = await run_checks(agent, _action("preflight", checks=["comm"]), "operator")
     assert not res.ok and "needs comm args" in res.message
 
 

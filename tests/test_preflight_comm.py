@@ -16,7 +16,7 @@ async def test_allreduce_runs_for_real_between_two_agents(keys) -> None:
             write_test_mb=0.0, net_sample_s=0.05,
         )
         endpoints = parse_endpoints(",".join(ra.spec for ra in agents))
-        report = await run_preflight_async(endpoints, str(keys.viewer_key), str(keys.known_hosts), options)
+        report = await run_preflight_async(endpoints, str(keys.operator_key), str(keys.known_hosts), options)
     finally:
         for ra in agents:
             await stop_agent(ra)

@@ -87,6 +87,7 @@ async def test_a_hostile_agent_cannot_crash_or_flood_the_console(keys):
         b'{"type":"warp_drive","v":99}\n',
         b"{" + b'"a":1,' * (p.MAX_FRAME_BYTES // 6) + b"}\n",
         b'{"type":"event","kind":"xid\\u001b[31m","node":"[bold red]evil[/]\\u001b]52;c;aGk=\\u0007","message":"\\u001b[2J"}\n',
+        b'{"type":"event","kind":"xid\\u001b[31m","node":"evil","message":"\\u001b[2J\\u001b]0;pwned\\u0007"}\n',
     ]
 
     async def script(process):
@@ -104,7 +105,9 @@ async def test_a_hostile_agent_cannot_crash_or_flood_the_console(keys):
         link = next(iter(fleet.links.values()))
         await wait_until(lambda: any(isinstance(f, p.Event) for f in frames), what="the one good event")
         event = next(f for f in frames if isinstance(f, p.Event))
-        assert "\x1b" not in event.node + event.kind + event.message and "\x07" not in event.node
+        assert "\x1b" not in event.node + event.kind + event.message and "\x07" not in event.message
+        # The frame that named another node (escapes and all) was dropped, not shown.
+        assert link.foreign_frames == 1 and str(event.node) == "evil"
         assert link.bad_frames == 4 and link.state == LinkState.CONNECTED
     finally:
         await fleet.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, read_config
 from trainer.control import TrainerUnavailable, read_status, request
 from trainer.launch import LocalRun, start_local_run
 from tests.conftest import wait_until_sync
@@ -53,6 +53,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     # The command-line run uses the default corpus size and LR; the others match it below.
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    tier0 = read_config(run_dir).tier0_root()
+    assert not tier0.exists(), f"a finished run gives its in-memory tier back ({tier0} is left)"
     return losses(run_dir)
 
 

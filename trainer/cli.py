@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--second-dir", default="", help="tier-2 location (default RUN_DIR/shared)")
     p.add_argument("--progress-deadline", type=float, default=15.0, help="seconds without a step before re-forming")
     p.add_argument("--reduce", choices=("exact", "fast"), default="exact")
+    p.add_argument("--control-group", default="",
+                   help="a group whose members may use the nodes' control sockets too (default: this user and root only)")
     from trainer.preflight_gate import add_options
 
     add_options(p)
@@ -56,7 +58,7 @@ def _config(args: argparse.Namespace):  # -> TrainConfig, kept lazy for a fast -
         run_dir=args.run_dir, steps=args.steps, dim=args.dim, layers=args.layers, heads=args.heads,
         seq_len=args.seq_len, micro_batch=args.micro_batch, micro_batches=args.micro_batches, lr=args.lr,
         tier0_every=tiers[0], tier1_every=tiers[1], tier2_every=tiers[2], second_dir=args.second_dir,
-        progress_deadline_s=args.progress_deadline, reduce=args.reduce,
+        progress_deadline_s=args.progress_deadline, reduce=args.reduce, control_group=args.control_group,
     )
 
 
@@ -74,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
             args.nodes, args.node_names = len(gate.names), ",".join(gate.names)
         names = node_names(args.nodes, [n.strip() for n in args.node_names.split(",")] if args.node_names else None)
         if args.print_torchrun:
-            cfg = prepare(cfg, args.resume)
+            cfg = prepare(cfg, args.resume, local=False)
             print(cluster_command(cfg, args.nodes, args.min_nodes, membership=args.membership))
             return 0
         run = start_local_run(cfg, names, resume=args.resume, min_nodes=args.min_nodes, rdzv=args.rdzv,

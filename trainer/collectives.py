@@ -1,12 +1,19 @@
-"""Small Python objects over torch.distributed without numpy (torch's object collectives need it)."""
+"""Small typed values over torch.distributed, as msgspec JSON (torch's object collectives pickle, and need numpy).
+
+A peer's bytes are decoded into the type the caller names and nothing else: a
+rank (or anything that reached the job's store) can send a wrong value, never
+code, which it could with pickle.
+"""
 
 from __future__ import annotations
 
-import pickle
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def _device() -> torch.device:
@@ -14,15 +21,15 @@ def _device() -> torch.device:
 
 
 def _encode(obj: Any) -> torch.Tensor:
-    return torch.tensor(list(pickle.dumps(obj)), dtype=torch.uint8, device=_device())
+    return torch.frombuffer(bytearray(msgspec.json.encode(obj)), dtype=torch.uint8).to(_device())
 
 
-def _decode(t: torch.Tensor, size: int) -> Any:
-    return pickle.loads(bytes(t[:size].cpu().tolist()))
+def _decode(t: torch.Tensor, size: int, type_: type[T]) -> T:
+    return msgspec.json.decode(bytes(t[:size].cpu().tolist()), type=type_)
 
 
-def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order."""
+def all_gather_object(obj: T, type_: type[T]) -> list[T]:
+    """Every rank's ``obj``, in rank order, each decoded as ``type_``."""
     data = _encode(obj)
     world = dist.get_world_size()
     sizes = [torch.zeros(1, dtype=torch.long, device=data.device) for _ in range(world)]
@@ -32,11 +39,11 @@ def all_gather_object(obj: Any) -> list[Any]:
     padded[: data.numel()] = data
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
-    return [_decode(p, int(s.item())) for p, s in zip(parts, sizes, strict=True)]
+    return [_decode(p, int(s.item()), type_) for p, s in zip(parts, sizes, strict=True)]
 
 
-def broadcast_object(obj: Any, src: int) -> Any:
-    """``obj`` as rank ``src`` holds it, on every rank."""
+def broadcast_object(obj: T | None, src: int, type_: type[T]) -> T:
+    """``obj`` as rank ``src`` holds it, on every rank, decoded as ``type_``."""
     dev = _device()
     size = torch.zeros(1, dtype=torch.long, device=dev)
     data = _encode(obj) if dist.get_rank() == src else None
@@ -45,4 +52,4 @@ def broadcast_object(obj: Any, src: int) -> Any:
     dist.broadcast(size, src=src)
     buf = data if data is not None else torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
     dist.broadcast(buf, src=src)
-    return _decode(buf, int(size.item()))
+    return _decode(buf, int(size.item()), type_)

@@ -8,7 +8,23 @@ from pathlib import Path
 
 import msgspec
 
+from trainer.private import path_refusal
+
 CONFIG_NAME = "config.json"
+
+
+def tier0_base() -> Path | None:
+    """Where in-memory tiers live: ``$XDG_RUNTIME_DIR`` when it is this user's private directory, else /dev/shm.
+
+    None when neither is usable (the run directory then holds tier 0).
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and not path_refusal(Path(xdg)):
+        return Path(xdg)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return None
 
 
 class TrainConfig(msgspec.Struct, kw_only=True):
@@ -37,7 +53,8 @@ class TrainConfig(msgspec.Struct, kw_only=True):
     tier1_every: int = 20
     tier2_every: int = 60
     keep: tuple[int, int, int] = (2, 3, 2)
-    tier0_dir: str = ""  # in-memory tier (tmpfs); per node below it
+    tier0_dir: str = ""  # in-memory tier (tmpfs); per node below it; default: see tier0_root()
+    tier0_key: str = ""  # random, set for each new run: the default tier-0 directory's name is not guessable
     second_dir: str = ""  # tier 2 location, standing in for shared storage
     tier2_stagger_s: float = 0.5  # rank r starts its tier-2 copy r * this later
     # guards
@@ -51,17 +68,20 @@ class TrainConfig(msgspec.Struct, kw_only=True):
     fault_slow_rank: int = -1
     fault_slow_step: int = 0
     fault_slow_s: float = 0.0
+    # the control socket: owner only (0600) by default; with a group, 0660 and its members may connect
+    control_group: str = ""
 
     def run_id(self) -> str:
         return "gw-" + hashlib.sha1(str(Path(self.run_dir).resolve()).encode()).hexdigest()[:10]
 
     def tier0_root(self) -> Path:
+        """The run's in-memory tier, one private directory (0700) holding a directory per node."""
         if self.tier0_dir:
             return Path(self.tier0_dir)
-        shm = Path("/dev/shm")
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            return shm / self.run_id()
-        return Path(self.run_dir) / "tier0"
+        base = tier0_base()
+        if base is None:
+            return Path(self.run_dir) / "tier0"
+        return base / (self.run_id() + (f"-{self.tier0_key}" if self.tier0_key else ""))
 
     def tier_root(self, tier: int, node: str) -> Path:
         """Where checkpoints of ``tier`` live for ``node`` (tier 2 is shared by all nodes)."""

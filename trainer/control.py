@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,32 @@ def decode_reply(line: bytes) -> ControlReply:
         raise ValueError(f"trainer sent an unreadable reply: {clean_text(str(exc), 200)}") from None
 
 
+async def _exchange(path: str, data: bytes) -> bytes:
+    """Send ``data`` on a new connection to ``path`` and return the first line that comes back."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, path)
+        try:
+            await loop.sock_sendall(sock, data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a trainer that refused this peer closed at once; its one-line reason is already here
+        buf = bytearray()
+        while b"\n" not in buf and len(buf) <= MAX_MESSAGE_BYTES * 4:
+            try:
+                chunk = await loop.sock_recv(sock, 1 << 16)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+        line, newline, _ = bytes(buf).partition(b"\n")
+        return line + newline
+    finally:
+        sock.close()
+
+
 async def request(
     socket_path: str, command: str, args: dict[str, Any] | None = None, timeout: float = 5.0
 ) -> ControlReply:
@@ -165,13 +192,7 @@ async def request(
     """
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_unix_connection(socket_path, limit=MAX_MESSAGE_BYTES * 4)
-            try:
-                writer.write(encode_request(command, args))
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
+            line = await _exchange(socket_path, encode_request(command, args))
     except TimeoutError:
         raise TrainerUnavailable(f"trainer at {socket_path} did not answer within {timeout:g} s") from None
     except (FileNotFoundError, ConnectionRefusedError):

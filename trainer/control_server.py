@@ -3,15 +3,27 @@
 Requests are answered from a thread so that status stays readable while a step
 runs or the job is paused; controls are handed to the training loop through a
 queue and take effect at the next step boundary, on every rank together.
+
+Only this user, root and the members of an optional group (``control_group``)
+may connect: the socket is made 0600 (0660 for that group) whatever the umask,
+and every connection's peer credentials are checked (``SO_PEERCRED``), so a
+loose mode on the file or its directory lets nobody else in.
 """
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import queue
+import secrets
+import socket
 import socketserver
+import struct
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
@@ -56,30 +68,149 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     owner: ControlServer
 
+    def verify_request(self, request: socket.socket, client_address: object) -> bool:  # type: ignore[override]
+        return self.owner.admit(request)
+
+
+REFUSAL_LOG_S = 60.0
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is at the other end of a unix-socket connection, as the kernel says."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """The credentials of ``sock``'s peer (``SO_PEERCRED``), with its groups (``SO_PEERGROUPS``, else the group database)."""
+    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
+        groups = set(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    except OSError:  # an old kernel, or more groups than fit: what the group database says
+        try:
+            groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+        except KeyError:
+            groups = set()
+    return Peer(pid, uid, gid, frozenset(groups | {gid}))
+
+
+def resolve_group(name: str) -> int:
+    """The gid of the group named ``name`` (or given as a number); ``ValueError`` in one line if there is none."""
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        pass
+    if name.isdigit():
+        return int(name)
+    raise ValueError(f"control group {name!r} does not exist on this machine: create it, or leave control_group empty")
+
 
 class ControlServer:
-    """Serves ``path``: status from ``status_fn``, controls queued for the loop (:meth:`take`)."""
+    """Serves ``path``: status from ``status_fn``, controls queued for the loop (:meth:`take`).
 
-    def __init__(self, path: str, status_fn: Callable[[], TrainerStatus], node: str = "") -> None:
+    ``group`` (a name or gid; empty: none) may connect besides this user and root.
+    """
+
+    def __init__(self, path: str, status_fn: Callable[[], TrainerStatus], node: str = "", group: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._status_fn = status_fn
         self._queue: queue.SimpleQueue[ControlRequest] = queue.SimpleQueue()
         self._log = logger.bind(node=node)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.group = group
+        self.gid: int | None = resolve_group(group) if group else None
+        self._clock = clock
+        self._refusals: dict[int, tuple[float, int]] = {}  # uid -> (when last logged, refused since)
+
+    @property
+    def mode(self) -> int:
+        """The socket file's mode: owner only, or owner and the control group."""
+        return 0o600 if self.gid is None else 0o660
 
     def start(self) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # A socket file left by a killed trainer would make bind() fail.
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        self._server = _Server(self.path, _Handler)
+        path = Path(self.path)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A directory of our own making admits no one else, bar the group's way to the socket.
+            os.chmod(path.parent, 0o700 if self.gid is None else 0o710)
+            if self.gid is not None:
+                os.chown(path.parent, -1, self.gid)
+        self._server = _Server(self.path, _Handler, bind_and_activate=False)
         self._server.owner = self
+        try:
+            self._bind(self._server, path)
+            self._server.server_activate()
+        except BaseException:
+            self._server.server_close()
+            self._server = None
+            raise
         self._thread = threading.Thread(target=self._server.serve_forever, name="control", daemon=True)
         self._thread.start()
-        self._log.info("control socket at {}", self.path)
+        who = "this user" if self.gid is None else f"this user and group {self.group}"
+        self._log.info("control socket at {} (mode {:04o}: {})", self.path, self.mode, who)
+
+    def _bind(self, server: _Server, path: Path) -> None:
+        """Bind in a fresh private directory beside ``path``, set the mode there, then move the socket into place.
+
+        Nobody can reach the socket before its mode is set, and a link or file
+        planted at ``path`` is replaced, never followed. Moving it over the old
+        path also clears a socket file left by a killed trainer.
+        """
+        staging = path.parent / f".gw-{secrets.token_hex(3)}"  # no longer than most socket names: AF_UNIX paths are short
+        os.mkdir(staging, 0o700)
+        try:
+            temp = staging / "s"
+            server.socket.bind(str(temp))
+            os.chmod(temp, self.mode)
+            if self.gid is not None:
+                os.chown(temp, -1, self.gid)
+            os.rename(temp, path)
+        finally:
+            try:
+                os.unlink(staging / "s")
+            except FileNotFoundError:
+                pass
+            os.rmdir(staging)
+        server.server_address = self.path
+
+    def admit(self, conn: socket.socket) -> bool:
+        """Whether this connection's peer may use the trainer: this user, root, or a member of the group."""
+        try:
+            peer = peer_of(conn)
+        except OSError as exc:
+            self._log.warning("control socket: refused a connection whose peer is unknown ({})", exc.strerror or exc)
+            return False
+        if peer.uid in (os.geteuid(), 0) or (self.gid is not None and self.gid in peer.groups):
+            return True
+        allowed = "this user and root" if self.gid is None else f"this user, root and group {self.group}"
+        self._log_refusal(peer, allowed)
+        try:
+            reply = ControlReply(ok=False, message=f"refused: only {allowed} may use this trainer")
+            conn.send(encode_reply(reply), socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        return False
+
+    def _log_refusal(self, peer: Peer, allowed: str) -> None:
+        """One line per refused user a minute, so a peer that keeps trying cannot fill the log."""
+        now = self._clock()
+        last, since = self._refusals.get(peer.uid, (None, 0))
+        if last is not None and now - last < REFUSAL_LOG_S:
+            self._refusals[peer.uid] = (last, since + 1)
+            return
+        self._refusals[peer.uid] = (now, 0)
+        more = f" ({since} more refused since the last report)" if since else ""
+        self._log.warning("control socket: refused uid {} (pid {}): only {} may use this trainer{}",
+                          peer.uid, peer.pid, allowed, more)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,7 +31,9 @@ from loguru import logger
 
 from trainer.config import TrainConfig, read_config, write_config
 from trainer.control import socket_path
+from trainer.control_server import resolve_group
 from trainer.membership import STORE_ENV
+from trainer.private import NotPrivate, make_private_dir, path_refusal, remove_private_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -241,10 +243,17 @@ class LocalRun:
             except subprocess.TimeoutExpired:
                 return 1
         self._stop_store()
-        return 0 if self.last_step() >= self.cfg.steps else 1
+        if self.last_step() < self.cfg.steps:
+            return 1  # tier 0 stays for a --resume
+        release_tier0(self.cfg)
+        return 0
 
     def stop(self, grace: float = 10.0) -> None:
-        """Stop every node (SIGTERM, then SIGKILL after ``grace``) and the store."""
+        """Stop every node (SIGTERM, then SIGKILL after ``grace``) and the store.
+
+        An interrupted run keeps its tier 0 (private to this user) for ``--resume``;
+        one that had finished gives it back.
+        """
         for node, proc in self.nodes.items():
             if proc.poll() is None:
                 self._signal(node, signal.SIGCONT)
@@ -257,6 +266,8 @@ class LocalRun:
                 self._signal(node, signal.SIGKILL)
                 proc.wait()
         self._stop_store()
+        if self.last_step() >= self.cfg.steps:
+            release_tier0(self.cfg)
 
     def _stop_store(self) -> None:
         if self.store.poll() is None:
@@ -286,8 +297,40 @@ def has_checkpoints(cfg: TrainConfig) -> bool:
     return any(run_dir.glob("nodes/*/ckpt/step-*")) or any((shared / "ckpt").glob("step-*"))
 
 
-def prepare(cfg: TrainConfig, resume: bool) -> TrainConfig:
-    """Check the run directory and write the run's config; returns the config the workers will read."""
+def refused_checkpoint(cfg: TrainConfig) -> str:
+    """The first tier-1 or tier-2 checkpoint path of this run that a restore would refuse (not private), with why; '' if none."""
+    run_dir = Path(cfg.run_dir)
+    shared = Path(cfg.second_dir) if cfg.second_dir else run_dir / "shared"
+    for root in [*sorted(run_dir.glob("nodes/*/ckpt")), shared / "ckpt"]:
+        why = path_refusal(root)
+        if why == "is missing":
+            continue
+        if why:
+            return f"{root} {why}"
+        for step in sorted(root.glob("step-*")):
+            why = path_refusal(step)
+            if why:
+                return f"{step} {why}"
+            for file in sorted(step.iterdir()):
+                why = path_refusal(file, want_dir=False)
+                if why:
+                    return f"{file} {why}"
+    return ""
+
+
+def release_tier0(cfg: TrainConfig) -> None:
+    """Give back the run's in-memory tier (a finished run keeps its last checkpoint in tiers 1 and 2)."""
+    why = remove_private_dir(cfg.tier0_root())
+    if why:
+        logger.warning("tier 0 left in place: {}", why)
+
+
+def prepare(cfg: TrainConfig, resume: bool, local: bool = True) -> TrainConfig:
+    """Check the run directory and write the run's config; returns the config the workers will read.
+
+    With ``local`` (nodes on this machine) the run's tier-0 directory is made
+    here, private; one that is not this user's private directory stops the run.
+    """
     run_dir = Path(cfg.run_dir)
     if resume:
         try:
@@ -296,19 +339,39 @@ def prepare(cfg: TrainConfig, resume: bool) -> TrainConfig:
             raise LaunchError(f"cannot resume: {exc}") from None
         old.steps = cfg.steps
         cfg = old
+        refused = refused_checkpoint(cfg)
+        if refused:
+            # Going on would restart from an older checkpoint, or from step 0, without a word here.
+            raise LaunchError(f"cannot resume: {refused}, and checkpoints another user could have written are never loaded "
+                              "(if you know it is yours, chmod -R go= it)")
     elif has_checkpoints(cfg):
         raise LaunchError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose a new --run-dir")
     else:
-        # A fresh run must not restore an older run's in-memory tier.
-        shutil.rmtree(cfg.tier0_root(), ignore_errors=True)
+        # A fresh run must not restore an older run's in-memory tier: it gets a new one, and the old one is given back.
+        try:
+            release_tier0(read_config(run_dir))
+        except ValueError:
+            pass
+        release_tier0(cfg)
+        cfg.tier0_key = secrets.token_hex(8)
         try:
             (run_dir / "metrics.jsonl").unlink()
         except FileNotFoundError:
             pass
+    if local and cfg.control_group:
+        try:
+            resolve_group(cfg.control_group)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     if not cfg.second_dir:
         (run_dir / "shared").mkdir(exist_ok=True)
+    if local:
+        try:
+            make_private_dir(cfg.tier0_root(), parents=True)
+        except NotPrivate as exc:
+            raise LaunchError(f"refusing the in-memory checkpoint directory: {exc} (remove it, or find out who made it)") from None
     write_config(cfg)
     return cfg
 
@@ -355,12 +418,12 @@ def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host
     if membership == "coordinator":
         return "\n".join([
             f"# on {store_host} (not a training node): the store and the membership coordinator",
-            f"python -m trainer.store --host 0.0.0.0 --port 29400 --min-nodes {min_nodes} --max-nodes {nodes}",
+            f"python -m trainer.store --host {store_host} --port 29400 --min-nodes {min_nodes} --max-nodes {nodes}",
             "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
             f"{STORE_ENV}={store_host}:29400 GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
         ])
     return "\n".join([
-        f"# on {store_host} (not a training node): python -m trainer.store --host 0.0.0.0 --port 29400 --no-coordinator",
+        f"# on {store_host} (not a training node): python -m trainer.store --host {store_host} --port 29400 --no-coordinator",
         "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
         "GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
     ])

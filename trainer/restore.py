@@ -4,7 +4,8 @@ Each rank lists what it can see (its node's tiers 0 and 1; rank 0 also the
 shared tier 2). Candidates are tried newest first; the rank that holds one
 checks every file's sha256 and, if it is good, loads it and broadcasts the
 state, so a checkpoint that survives on any single node restores the job.
-A bad candidate is reported and skipped.
+A bad candidate is reported and skipped, and so is a tier directory that is
+not this user's private one (its checkpoints are never even listed).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from trainer.collectives import all_gather_object, broadcast_object
-from trainer.checkpoint import CheckpointInvalid, Manifest, list_checkpoints, load_tensors, validate
+from trainer.checkpoint import CheckpointInvalid, Manifest, list_checkpoints, load_tensors, root_refusal, validate
 from trainer.config import TrainConfig
 from trainer.state import rng_tensors
 
@@ -34,13 +35,22 @@ class Candidate:
         return -self.neg_step
 
 
-def local_candidates(cfg: TrainConfig, node: str, rank: int) -> list[Candidate]:
+def local_candidates(cfg: TrainConfig, node: str, rank: int, refused: list[str] | None = None) -> list[Candidate]:
+    """The checkpoints this rank can see; a tier directory that is not private adds a line to ``refused``."""
     out = []
     for tier in (0, 1, 2):
         if tier == 2 and rank != 0:
             continue
-        for step, path in list_checkpoints(cfg.tier_root(tier, node)):
-            out.append(Candidate(-step, tier, rank, str(path)))
+        why: list[str] = []
+        # Tier 0 is trusted only if the run's directory above the node's is private too.
+        above = root_refusal(cfg.tier0_root()) if tier == 0 else ""
+        if above:
+            why.append(above)
+        else:
+            for step, path in list_checkpoints(cfg.tier_root(tier, node), why):
+                out.append(Candidate(-step, tier, rank, str(path)))
+        if refused is not None:
+            refused.extend(f"tier {tier} on rank {rank}: {line}" for line in why)
     return out
 
 
@@ -59,13 +69,16 @@ def restore_newest(
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     log = logger.bind(node=node)
-    gathered = all_gather_object(local_candidates(cfg, node, rank))
+    refused: list[str] = []
+    gathered = all_gather_object(local_candidates(cfg, node, rank, refused), list[Candidate])
+    for line in refused:
+        log.warning(line)
     candidates = sorted(c for part in gathered for c in part)
     if want_step is not None:
         candidates = [c for c in candidates if c.step == want_step]
     if below is not None:
         candidates = [c for c in candidates if c.step < below]
-    skipped: list[str] = []
+    skipped: list[str] = list(refused)
     for cand in candidates:
         result: Manifest | str | None = None
         if rank == cand.rank:
@@ -73,7 +86,7 @@ def restore_newest(
                 result = validate(Path(cand.path), model_fingerprint)
             except CheckpointInvalid as exc:
                 result = str(exc)
-        result = broadcast_object(result, cand.rank)
+        result = broadcast_object(result, cand.rank, Manifest | str | None)  # type: ignore[arg-type]
         if isinstance(result, str):
             line = f"tier {cand.tier} checkpoint at step {cand.step} on rank {cand.rank} is unusable: {result}; falling back"
             skipped.append(line)
@@ -88,7 +101,7 @@ def restore_newest(
                 load_tensors(Path(cand.path), {**live, **rngs})
             except CheckpointInvalid as exc:
                 ok = str(exc)
-        ok = broadcast_object(ok, cand.rank)
+        ok = broadcast_object(ok, cand.rank, bool | str)  # type: ignore[arg-type]
         if ok is not True:
             line = f"tier {cand.tier} checkpoint at step {cand.step} could not be loaded: {ok}; falling back"
             skipped.append(line)

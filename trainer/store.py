@@ -5,18 +5,37 @@ TCPStore, prints the port it listens on, and decides the job's generations
 (:mod:`trainer.membership`) until stopped. Workers find it through
 ``GRIDWATCH_STORE=HOST:PORT``. With ``--no-coordinator`` it is only a store
 (for torchrun agents joining it with ``--rdzv-conf is_host=false``).
+
+The store is unauthenticated, so it listens only on ``--host``: the socket is
+bound here and handed to TCPStore (``master_listen_fd``), which on its own
+would listen on every interface.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 import time
 from datetime import timedelta
 
 from loguru import logger
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` only (port 0: any free one)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import TCPStore
 
     try:
-        store = TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
-                         multi_tenant=True, timeout=timedelta(seconds=60))
+        listener = listen(args.host, args.port)
+        port = listener.getsockname()[1]
+        store = TCPStore(args.host, port, is_master=True, wait_for_workers=False, multi_tenant=True,
+                         timeout=timedelta(seconds=60), master_listen_fd=listener.detach())
     except Exception as exc:
-        print(f"error: cannot serve the store on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        first = str(exc).strip().splitlines()
+        print(f"error: cannot serve the store on {args.host}:{args.port}: {first[0] if first else exc}", file=sys.stderr)
         return 2
     print(store.port, flush=True)
     done = threading.Event()

@@ -22,6 +22,7 @@ from loguru import logger
 
 from trainer.checkpoint import Manifest, copy_checkpoint, list_checkpoints, prune, write_checkpoint
 from trainer.config import TrainConfig
+from trainer.private import make_private_dir
 from trainer.state import SnapshotPool, copy_into
 
 
@@ -120,7 +121,10 @@ class TieredCheckpointer:
 
     def _write(self, job: _Job) -> None:
         if job.protect:
-            newest = list_checkpoints(self.roots[0])
+            refused: list[str] = []
+            newest = list_checkpoints(self.roots[0], refused)
+            for why in refused:
+                self._log.warning("protective snapshot: {}", why)
             if not newest:
                 self._log.warning("protective snapshot: no tier-0 checkpoint to keep yet")
                 return
@@ -134,6 +138,9 @@ class TieredCheckpointer:
             try:
                 if tier == 2 and not root.parent.is_dir():
                     raise FileNotFoundError(f"second location {root.parent} is missing")
+                if tier == 0:
+                    # The run's tier-0 directory must be private before a node's directory goes in it.
+                    make_private_dir(self.cfg.tier0_root(), parents=True)
                 if job.source is not None:
                     path = copy_checkpoint(job.source, root, tier, note=job.manifest.note)
                 elif tier == 2 and written:

@@ -11,7 +11,6 @@ import faulthandler
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -36,6 +35,7 @@ from trainer.group import Membership
 from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
 from trainer.membership import STORE_ENV, Generation
 from trainer.model import ByteGPT, ModelConfig
+from trainer.private import remove_if_empty, remove_private_dir
 from trainer.restore import restore_newest
 from trainer.sampler import BatchSampler, SamplerState, my_slots
 from trainer.state import init_optimizer_state, live_tensors
@@ -90,7 +90,7 @@ class Worker:
         self.loss_guard = LossGuard(cfg.spike_factor)
         self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
         self.prev_time = 0.0
-        self.members: list[str] = all_gather_object(node) if membership is None else [node]
+        self.members: list[str] = all_gather_object(node, str) if membership is None else [node]
         # status, read by the control thread
         self.phase = "starting"
         self.loss: float | None = None
@@ -102,7 +102,7 @@ class Worker:
         self._event_seq = int(time.time() * 1000)  # grows across restarts of this node's trainer
         self._lock = threading.Lock()
         self.ckpt = TieredCheckpointer(cfg, node, self._on_saved)
-        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node)
+        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node, group=cfg.control_group)
         self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
         self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
         self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
@@ -401,7 +401,7 @@ class Worker:
 
     def _share(self) -> None:
         """Every member takes rank 0's model, optimizer, step and data position (a node joining a running job)."""
-        pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0)
+        pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0, tuple[int, int, int])
         self.step = pos[0]
         self.sampler.state = SamplerState(epoch=pos[1], position=pos[2])
         for key in sorted(self.live):
@@ -563,8 +563,12 @@ class Worker:
         dist.barrier()
         self.phase = "done"
         # Tier 0 is a RAM cache for resuming; a finished run keeps its last
-        # checkpoint in tiers 1 and 2 and gives the memory back.
-        shutil.rmtree(self.cfg.tier_root(0, self.node), ignore_errors=True)
+        # checkpoint in tiers 1 and 2 and gives the memory back (the last node
+        # out removes the run's directory too).
+        why = remove_private_dir(self.cfg.tier_root(0, self.node))
+        if why:
+            self.log.warning("tier 0 left in place: {}", why)
+        remove_if_empty(self.cfg.tier0_root())
         if self.rank == 0:
             self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
         if self.membership is not None:

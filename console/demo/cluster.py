@@ -83,7 +83,7 @@ class Cluster:
         return str(self.run_dir / "control" / f"{name}.sock")
 
     async def start(self) -> DemoState:
-        from agents.keys import init_keys
+        from agents.keys import init_keys, make_host_key, trust
 
         o = self.options
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -92,10 +92,14 @@ class Cluster:
         nodes: list[DemoNode] = []
         for index, name in enumerate(self.names(), start=1):
             port = free_port()
+            # Each node its own host key, pinned for its own port: the way a real fleet is set up.
+            host_key = self.dir / "keys" / "hosts" / f"{name}_host_key"
+            trust(keys.known_hosts, "127.0.0.1", port, make_host_key(host_key, comment=f"gridwatch-agent-{name}"),
+                  replace=True)
             self.progress(f"starting agent {name} on 127.0.0.1:{port} ({index}/{o.nodes}, {o.gpus} simulated GPUs)")
             argv = _gridwatch(
                 "agent", "--node-name", name, "--listen", f"127.0.0.1:{port}",
-                "--host-key", str(keys.host_key), "--authorized-viewers", str(keys.authorized_viewers),
+                "--host-key", str(host_key), "--authorized-viewers", str(keys.authorized_viewers),
                 "--authorized-operators", str(keys.authorized_operators),
                 "--simulate-gpus", str(o.gpus), "--sim-seed", str(index), "--no-kernel-log",
                 "--interval", f"{o.interval:g}", "--scene-dir", str(self.dir / "scenes" / name),

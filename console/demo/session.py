@@ -86,7 +86,8 @@ class DemoSession:
         self.fleet = Fleet(endpoints, FleetOptions(key_path=state.operator_key, known_hosts=state.known_hosts,
                                                    backoff_max=2.0),
                            on_frame=self._on_frame, on_status=self._on_status)
-        self.store = IncidentStore(self.dir / "incidents.db")
+        self.store = IncidentStore(self.dir / "incidents.db",
+                                   on_trouble=lambda why: self._progress(why or "incident database written again"))
         playbooks = tuple(pb for pb in load_builtin() if pb.name not in self.options.skip_playbooks)
         unknown = set(self.options.skip_playbooks) - {pb.name for pb in load_builtin()}
         if unknown:

@@ -10,7 +10,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from console.widgets import StatusBar
+from console.widgets import PlainStatic, StatusBar
 
 if TYPE_CHECKING:
     from console.app import GridwatchApp
@@ -38,7 +38,7 @@ class ViewScreen(Screen[None]):
         return self.gw.runtime.store
 
     def compose(self) -> ComposeResult:
-        yield Static(id="view-title", classes="view-title")
+        yield PlainStatic(id="view-title", classes="view-title")
         yield from self.compose_view()
         yield StatusBar(id="status-bar")
         yield Footer()
@@ -79,7 +79,9 @@ class ViewScreen(Screen[None]):
         try:
             self.refresh_view()
             incidents = self.gw.open_incident_count()
-            self.query_one(StatusBar).show(self.store.summary(), self.runtime.read_only, incidents, self.gw.note)
+            self.query_one(StatusBar).show(
+                self.store.summary(), self.runtime.read_only, incidents, self.gw.note, self.runtime.alert or ""
+            )
         except NoMatches:
             # The timer can fire while the screen's widgets are being removed (a view popped,
             # the app closing): there is nothing left to draw, and that is no error.

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from console.state import QueryError, parse_duration
+from console.widgets import PlainStatic, plain_text
 
 
 @dataclass(slots=True)
@@ -35,12 +36,12 @@ class ConfirmScreen(ModalScreen[Confirmed | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Label(Text(self.title_text, style="bold"), id="confirm-title")
-            yield Static(self.what, id="confirm-what")
+            yield Label(plain_text(Text(self.title_text, style="bold")), id="confirm-title")
+            yield PlainStatic(self.what, id="confirm-what")
             if self.ask_duration is not None:
                 yield Input(value=self.ask_duration, placeholder="for how long: 30m, 2h", id="confirm-duration")
             yield Input(placeholder="reason (goes to the audit log)", id="confirm-reason")
-            yield Static(id="confirm-error")
+            yield PlainStatic(id="confirm-error")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Confirm", variant="error", id="confirm-yes")
                 yield Button("Cancel", id="confirm-no")

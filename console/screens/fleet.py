@@ -11,7 +11,7 @@ from textual.widgets import Input, Static
 
 from console.state import SORT_KEYS, Metric, NodeRow, NodeStatus
 from console.screens.base import ViewScreen
-from console.widgets import Column, GpuHeatmap, TextTable, format_age, format_rate
+from console.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
 from console.widgets.heatmap import LEGEND, cell_style
 from console.widgets.text_table import Cell
 
@@ -91,13 +91,13 @@ class FleetScreen(ViewScreen):
     def compose_view(self) -> ComposeResult:
         with Horizontal(id="fleet-body"):
             with Vertical(id="heatmap-pane"):
-                yield Static(id="heatmap-legend")
+                yield PlainStatic(id="heatmap-legend")
                 yield GpuHeatmap(id="heatmap")
             with Vertical(id="table-pane"):
                 yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (patrol, preflight, isolated, stack)",
                             id="fleet-filter")
                 yield TextTable(NODE_COLUMNS, id="node-table")
-                yield Static(id="node-detail")
+                yield PlainStatic(id="node-detail")
 
     def prepare(self) -> None:
         self.query_one("#fleet-filter", Input).display = False

@@ -14,7 +14,7 @@ from console.runtime import IncidentRow
 from console.screens.base import ViewScreen
 from console.screens.confirm import ConfirmScreen, Confirmed
 from console.screens.node import SEVERITY_STYLES
-from console.widgets import Column, TextTable, format_age
+from console.widgets import Column, PlainStatic, TextTable, format_age
 from console.widgets.text_table import Cell
 
 INCIDENT_COLUMNS = [
@@ -87,7 +87,7 @@ class IncidentsScreen(ViewScreen):
 
     def compose_view(self) -> ComposeResult:
         yield TextTable(INCIDENT_COLUMNS, id="incident-table")
-        yield Static(id="incident-detail")
+        yield PlainStatic(id="incident-detail")
 
     def prepare(self) -> None:
         self.query_one("#incident-table", TextTable).focus()

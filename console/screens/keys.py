@@ -8,9 +8,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Static
 
 from console.screens.command_line import COMMANDS
+from console.widgets import PlainStatic
 
 
 def _key_label(key: str) -> str:
@@ -47,7 +47,7 @@ class KeysScreen(ModalScreen[None]):
         for key, what in self.rows:
             table.add_row(Text(key), Text(what))
         with VerticalScroll(id="keys-box"):
-            yield Static(table)
+            yield PlainStatic(table)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -11,7 +11,7 @@ from textual.widgets import Input, Static
 from console.state import LogEntry, LogQuery, QueryError, parse_log_query
 from console.screens.base import ViewScreen
 from console.screens.node import SEVERITY_STYLES, clock_time
-from console.widgets import Column, TextTable
+from console.widgets import Column, PlainStatic, TextTable
 from console.widgets.text_table import Cell
 
 LOG_COLUMNS = [
@@ -58,7 +58,7 @@ class LogsScreen(ViewScreen):
     def compose_view(self) -> ComposeResult:
         yield Input(placeholder="node:node[01-04] sev:error since:10m until:1m REGEX   (enter: filter, "
                                 "ctrl+s: search the agents)", id="logs-query")
-        yield Static(id="logs-info")
+        yield PlainStatic(id="logs-info")
         yield TextTable(LOG_COLUMNS, id="logs-table")
 
     def prepare(self) -> None:

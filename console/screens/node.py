@@ -27,7 +27,7 @@ from console.state import (
 )
 from console.screens.base import ViewScreen
 from console.screens.confirm import ConfirmScreen, Confirmed
-from console.widgets import Column, TextTable, format_age, format_rate, sparkline
+from console.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline
 from console.widgets.text_table import Cell
 
 SPARK = 16
@@ -196,12 +196,12 @@ class NodeScreen(ViewScreen):
         yield TextTable(GPU_COLUMNS, id="gpu-table")
         with Horizontal(id="node-lower"):
             with Vertical(id="host-pane"):
-                yield Static(id="host-panel")
-                yield Static(id="node-checks")
+                yield PlainStatic(id="host-panel")
+                yield PlainStatic(id="node-checks")
             with Vertical(id="node-events-pane"):
-                yield Static(Text("recent events", style="bold"), classes="pane-title")
+                yield PlainStatic(Text("recent events", style="bold"), classes="pane-title")
                 yield TextTable(EVENT_COLUMNS, id="node-events")
-        yield Static(Text("live log", style="bold"), classes="pane-title")
+        yield PlainStatic(Text("live log", style="bold"), classes="pane-title")
         yield TextTable(LOG_COLUMNS, id="node-log")
 
     def prepare(self) -> None:
@@ -234,6 +234,10 @@ class NodeScreen(ViewScreen):
             parts.append(f"  role {node.role}")
         if node.gaps:
             parts.append((f"  {node.gaps} frames lost", "bold red"))
+        if node.last_gap:
+            parts.append(("  " + node.last_gap, "red"))
+        if node.foreign_frames:
+            parts.append((f"  {node.foreign_frames} frames claiming another node dropped", "bold red"))
         error = node.link_error or node.last_error
         if error:
             parts.append(("  " + error, "red"))

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from console.state import TrainingSummary
 from console.screens.base import ViewScreen
-from console.widgets import BraillePlot, Column, TextTable, format_age
+from console.widgets import BraillePlot, Column, PlainStatic, TextTable, format_age
 from console.widgets.text_table import Cell
 
 RANK_COLUMNS = [
@@ -80,15 +80,15 @@ class TrainingScreen(ViewScreen):
     VIEW_NAME = "training"
 
     def compose_view(self) -> ComposeResult:
-        yield Static(id="training-head")
+        yield PlainStatic(id="training-head")
         with Horizontal(id="training-body"):
             with Vertical(id="loss-pane"):
-                yield Static(Text("loss", style="bold"), classes="pane-title", id="loss-title")
+                yield PlainStatic(Text("loss", style="bold"), classes="pane-title", id="loss-title")
                 yield BraillePlot(id="loss-plot")
             with Vertical(id="ranks-pane"):
-                yield Static(Text("step time per rank", style="bold"), classes="pane-title")
+                yield PlainStatic(Text("step time per rank", style="bold"), classes="pane-title")
                 yield TextTable(RANK_COLUMNS, id="rank-table")
-                yield Static(id="checkpoints")
+                yield PlainStatic(id="checkpoints")
 
     def refresh_view(self) -> None:
         self.set_title(("gridwatch", "bold"), "  training")

@@ -15,6 +15,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.state import HeatmapNode, NodeStatus
+from console.widgets.plain import plain
 from console.widgets.text_table import fit
 
 LABEL_MAX = 24  # a name column wider than this would crowd out the cells
@@ -66,6 +67,7 @@ def common_suffix(names: list[str]) -> str:
 
 def short_label(name: str, width: int, suffix: str = "") -> str:
     """A name in ``width`` cells keeping its end, where node names differ (``…a17-n03``)."""
+    name = plain(name)
     if suffix and name.endswith(suffix) and len(name) > len(suffix):
         name = name[: -len(suffix)]
     if cell_len(name) <= width:

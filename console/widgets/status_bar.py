@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.state import FleetSummary
+from console.widgets.plain import plain_text
 
 
 def format_age(seconds: float | None) -> str:
@@ -39,7 +40,7 @@ class StatusBar(Static):
     StatusBar { height: 1; background: $panel; color: $text; padding: 0 1; }
     """
 
-    def show(self, summary: FleetSummary, read_only: bool, incidents_open: int = 0, note: str = "") -> None:
+    def show(self, summary: FleetSummary, read_only: bool, incidents_open: int = 0, note: str = "", alert: str = "") -> None:
         text = Text()
         style = "green" if summary.connected == summary.total and summary.total else "yellow"
         text.append(f"{summary.connected}/{summary.total} nodes connected", style=style)
@@ -48,8 +49,12 @@ class StatusBar(Static):
         if incidents_open:
             text.append(f"  {incidents_open} open incidents", style="bold red")
         text.append("  READ-ONLY" if read_only else "  operator", style="bold cyan" if read_only else "bold")
+        if alert:
+            # The console's own trouble (its incident database failing): louder than any note.
+            text.append("  ")
+            text.append(alert, style="bold white on red")
         if note:
             text.append("  ")
             text.append(note, style="italic")
         # One line, fixed height: no layout pass for the whole screen on every tick.
-        self.update(text, layout=False)
+        self.update(plain_text(text), layout=False)

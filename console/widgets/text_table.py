@@ -16,6 +16,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from console.widgets.plain import plain
+
 
 @dataclass(frozen=True, slots=True)
 class Column:
@@ -32,7 +34,8 @@ Cell = tuple[str, Style | None]
 
 
 def fit(text: str, width: int, align: str = "left") -> str:
-    """Pad or clip ``text`` to exactly ``width`` cells (clipped text ends in an ellipsis)."""
+    """Pad or clip ``text`` to exactly ``width`` cells (clipped text ends in an ellipsis); controls dropped."""
+    text = plain(text)
     length = cell_len(text)
     if length > width:
         return set_cell_size(text, width - 1) + "…" if width > 1 else set_cell_size(text, width)

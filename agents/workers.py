@@ -1,0 +1,76 @@
+"""Child processes the agent starts for work it must be able to stop: killed at their deadline,
+with the request that started them, and with the agent itself."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+from dataclasses import dataclass
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """What a finished child left: exit status and its output."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+class ChildTimeout(TimeoutError):
+    """The child ran past its deadline and was killed."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. An agent killed with SIGKILL runs no
+    # cleanup at all; the kernel then kills its workers for it.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    os.setpgrp()  # a group of its own, so killing it also kills anything it started
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+async def run_child(argv: list[str], stdin: bytes | None, timeout: float, env: dict[str, str] | None = None) -> ChildResult:
+    """Run ``argv`` to completion within ``timeout`` seconds; the child never outlives this call.
+
+    Raises :class:`ChildTimeout` after killing a child that ran too long; a
+    cancelled caller kills the child too.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=_die_with_parent,
+        env=env,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        _kill(proc)
+        await proc.wait()
+        raise ChildTimeout(f"did not finish within {timeout:g} s") from None
+    except BaseException:
+        _kill(proc)
+        # Reap it, even while being cancelled, so no zombie is left behind.
+        await asyncio.shield(proc.wait())
+        raise
+    return ChildResult(proc.returncode if proc.returncode is not None else -1, out, err)
