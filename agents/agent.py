@@ -247,6 +247,8 @@ class Agent:
             rss_mb=self._proc.memory_info().rss / 2**20,
             clients=len(self.clients),
             dropped_frames=self.dropped_frames,
+            dropped_replies=self.dropped_replies,
+            refused_requests=self.refused_requests,
             tick_ms=self._tick_ms,
         )
         patrol_failing = None

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--config", metavar="FILE", help="TOML file with the settings below (keys as the flag names, '_' or '-')")
     ap.add_argument("--node-name", help="the name consoles show (default: the hostname)")
     ap.add_argument("--listen", metavar="HOST:PORT", help="SSH listen address (default 0.0.0.0:8022; port 0 picks one)")
-    ap.add_argument("--host-key", metavar="PATH", help="the agent's SSH host key (default /etc/gridwatch/agent_host_key)")
+    ap.add_argument("--host-key", metavar="PATH", help="the agent's SSH host key (default /etc/gridwatch/agent_host_key); made on first start (ed25519, 0600) if missing: pin it with gridwatch keys trust")
     ap.add_argument("--authorized-viewers", metavar="PATH", help="public keys allowed to stream and search")
     ap.add_argument("--authorized-operators", metavar="PATH", help="public keys also allowed to act")
     ap.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus /metrics here (dcgm-exporter names)")

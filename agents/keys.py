@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncssh
 
-from agents.sshpolicy import algorithm_options, weak_key_reason
+from agents.sshpolicy import client_options, weak_key_reason
 
 KEY_ALG = "ssh-ed25519"
 PRIVATE_MODE = 0o600
@@ -150,10 +150,9 @@ async def fetch_host_key(host: str, port: int, timeout: float = 5.0) -> asyncssh
 
     Raises WeakHostKey for a key the policy refuses, ConnectionError when none came.
     """
-    opts = algorithm_options()
+    opts = client_options()  # only these two apply before any key is trusted
     key = await asyncio.wait_for(
-        asyncssh.get_server_host_key(host, port, kex_algs=opts["kex_algs"],
-                                     server_host_key_algs=opts["server_host_key_algs"]),
+        asyncssh.get_server_host_key(host, port, kex_algs=opts["kex_algs"], server_host_key_algs=opts["server_host_key_algs"]),
         timeout,
     )
     if key is None:

@@ -250,6 +250,17 @@ def _agent_families(node: str, a: AgentStats) -> Iterator[Metric]:
     )
     dropped.add_metric([node], a.dropped_frames)
     yield dropped
+    replies = CounterMetricFamily(
+        "gridwatch_agent_dropped_replies", "Replies a console that stopped reading never got (its session was closed).",
+        labels=["node"],
+    )
+    replies.add_metric([node], a.dropped_replies)
+    yield replies
+    refused = CounterMetricFamily(
+        "gridwatch_agent_refused_requests", "Actions and searches refused for a key over its budget.", labels=["node"]
+    )
+    refused.add_metric([node], a.refused_requests)
+    yield refused
     yield _gauge(
         "gridwatch_agent_tick_seconds", "Time the last sampler tick took.", node,
         None if a.tick_ms is None else a.tick_ms / 1000.0,

@@ -112,17 +112,6 @@ class NicLink:
     speed_mbps: float | None
 
 
-def plain(obj: Any) -> Any:
-    """Decoded frame data as plain builtins: frame text is a str subclass, which msgspec will not convert."""
-    if isinstance(obj, dict):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [plain(v) for v in obj]
-    if isinstance(obj, str):
-        return str(obj)
-    return obj
-
-
 def _check_comm_args(comm: CommArgs) -> None:
     addr = comm.master_addr
     try:
@@ -145,7 +134,7 @@ def _check_comm_args(comm: CommArgs) -> None:
 def parse_args(args: dict[str, Any], role: str = "viewer") -> PreflightArgs:
     """The action's args as a typed struct, capped for the caller's role; raises ValueError with a one-line reason."""
     try:
-        parsed = msgspec.convert(plain(args), PreflightArgs)
+        parsed = msgspec.convert(p.as_builtins(args), PreflightArgs)
     except msgspec.ValidationError as exc:
         raise ValueError(f"bad preflight args: {exc}") from None
     unknown = [c for c in parsed.checks if c not in ALL_CHECKS]

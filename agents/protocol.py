@@ -127,6 +127,8 @@ class AgentStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     rss_mb: float | None = None
     clients: int = 0
     dropped_frames: int = 0
+    dropped_replies: int = 0  # replies a session that stopped reading never got (it was told, then closed)
+    refused_requests: int = 0  # actions and searches refused for a key over its budget
     tick_ms: float | None = None
 
 
@@ -442,6 +444,17 @@ def clean_any(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
         return [clean_any(v, depth + 1) for v in value]
     return value
+
+
+def as_builtins(obj: Any) -> Any:
+    """Decoded frame data as plain builtins: frame text is a str subclass, which ``msgspec.convert`` refuses."""
+    if isinstance(obj, dict):
+        return {str(k): as_builtins(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [as_builtins(v) for v in obj]
+    if isinstance(obj, str):
+        return str(obj)
+    return obj
 
 
 def decode_agent_frame(line: bytes | str) -> Frame:

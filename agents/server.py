@@ -15,7 +15,7 @@ from agents import protocol as p
 from agents.agent import Agent, Caller
 from agents.framing import LineBuffer
 from agents.ratelimit import LogLimiter
-from agents.sshpolicy import algorithm_options, weak_key_reason
+from agents.sshpolicy import server_options, weak_key_reason
 
 READ_CHUNK = 65536
 
@@ -285,6 +285,5 @@ async def serve(agent: Agent, host: str, port: int) -> asyncssh.SSHAcceptor:
         keepalive_interval=15,
         keepalive_count_max=3,
         login_timeout=agent.config.login_timeout,
-        # The server's own host key algorithms follow from its keys; the rest is the shared policy.
-        **{k: v for k, v in algorithm_options().items() if k != "server_host_key_algs"},
+        **server_options(),
     )

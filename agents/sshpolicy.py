@@ -1,7 +1,7 @@
 """The SSH algorithms both ends accept: what current OpenSSH accepts, so no SHA-1 and no short RSA keys.
 
 The agent's server and every console-side connection (the fleet, ``keys trust``,
-``tail``, pre-flight) pass :func:`algorithm_options` to asyncssh, and check keys
+``tail``, pre-flight) pass :func:`server_options` or :func:`client_options` to asyncssh, and check keys
 with :func:`weak_key_reason`; one list, so the two ends cannot drift apart.
 """
 
@@ -61,14 +61,18 @@ MAC_ALGS = _supported(_MACS, get_mac_algs())
 SIGNATURE_ALGS = _supported(_SIGNATURES, get_public_key_algs())
 
 
-def algorithm_options() -> dict[str, list[str]]:
-    """Keyword arguments for ``asyncssh.connect`` / ``create_server`` / ``get_server_host_key``."""
+def server_options() -> dict[str, list[str]]:
+    """Keyword arguments for ``asyncssh.create_server`` (its host key algorithms follow from its keys)."""
     return {
         "kex_algs": list(KEX_ALGS),
         "mac_algs": list(MAC_ALGS),
         "signature_algs": list(SIGNATURE_ALGS),
-        "server_host_key_algs": list(SIGNATURE_ALGS),
     }
+
+
+def client_options() -> dict[str, list[str]]:
+    """Keyword arguments for ``asyncssh.connect`` and ``get_server_host_key``."""
+    return {**server_options(), "server_host_key_algs": list(SIGNATURE_ALGS)}
 
 
 def weak_key_reason(key: asyncssh.SSHKey) -> str | None:

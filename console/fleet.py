@@ -26,7 +26,7 @@ from loguru import logger
 
 from agents import protocol as p
 from agents.framing import LineBuffer
-from agents.sshpolicy import algorithm_options, weak_key_reason
+from agents.sshpolicy import client_options, weak_key_reason
 from console.hostlist import Endpoint
 
 READ_CHUNK = 65536
@@ -321,7 +321,7 @@ class Fleet:
                 preferred_auth="publickey",
                 encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
                 keepalive_interval=15,
-                **algorithm_options(),
+                **client_options(),
             ),
             o.connect_timeout,
         )

@@ -21,7 +21,6 @@ import msgspec
 from loguru import logger
 
 from agents import protocol as p
-from agents.preflight import plain
 from console.hostlist import Endpoint
 
 CHECK_COLUMNS = ("gpus", "stack", "network", "storage", "time", "comm")
@@ -164,7 +163,7 @@ def _text_hook(type_: type, obj: Any) -> Any:
 
 def to_fingerprint(data: Any) -> p.StackFingerprint:
     """A fingerprint from JSON-able data; raises msgspec.ValidationError."""
-    return msgspec.convert(plain(data), p.StackFingerprint, strict=False, dec_hook=_text_hook)
+    return msgspec.convert(p.as_builtins(data), p.StackFingerprint, strict=False, dec_hook=_text_hook)
 
 
 # --------------------------------------------------------------------- baseline
