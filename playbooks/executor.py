@@ -121,6 +121,12 @@ class Executor:
             self._stand_down(old, plan.incident)
         return await self._continue(plan.incident.id)
 
+    async def return_to_service(self, node: str, who: str, reason: str) -> str:
+        """A node is back in service: give it back to the scheduler if the drain is ours; the outcome, audited."""
+        outcome = "no scheduler configured: nothing to resume" if self.scheduler == "none" else "not drained by gridwatch"
+        self.store.audit(who, f"return_to_service {node}", reason, phase="after", outcome=outcome)
+        return outcome
+
     async def resume(self) -> list[str]:
         """After a restart: carry on every stored plan that has steps left. Returns their incident ids."""
         resumed = self.store.unfinished()
