@@ -23,11 +23,15 @@ MAX_FRAME_BYTES = 1 << 20
 # Log lines are clipped on the node so that one 1 MB line cannot crowd out frames.
 MAX_LINE_CHARS = 4096
 
-# Also dropped: the bidi controls (U+061C, U+202A-U+202E, U+2066-U+2069) and invisible
-# format characters (soft hyphen, Mongolian vowel separator, zero-width space/joiners,
-# LRM/RLM, word joiner and invisible operators, BOM), so "node\u200b-1" cannot pose as "node-1".
+# Also dropped: every Unicode format character (category Cf: bidi controls, zero-width
+# space/joiners, LRM/RLM, word joiner, invisible operators, BOM, soft hyphen, tag
+# characters) and the other invisible ones (combining grapheme joiner, Hangul fillers,
+# variation selectors), so "node\u200b-1" or "node\U000e0041-1" cannot pose as "node-1".
 _CONTROL = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+    "\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufe00-\ufe0f"
+    "\ufeff\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
 )
 _WHITESPACE_CONTROL = re.compile(r"[\t\n\r\u2028\u2029]")
 # Deeper than any frame we send; a deeper one is refused before anything recurses on it.

@@ -25,15 +25,23 @@ class ChildTimeout(TimeoutError):
     """The child ran past its deadline and was killed."""
 
 
+def _load_prctl() -> object | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved once, in the agent: between fork and exec a dlopen could wait forever on a
+# loader lock that another of the agent's threads held at the fork.
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec. An agent killed with SIGKILL runs no
     # cleanup at all; the kernel then kills its workers for it.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    os.setpgrp()  # a group of its own, so killing it also kills anything it started
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -60,6 +68,7 @@ async def run_child(argv: list[str], stdin: bytes | None, timeout: float, env: d
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         preexec_fn=_die_with_parent,
+        process_group=0,  # a group of its own, so killing it also kills anything it started
         env=env,
     )
     try:
