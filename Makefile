@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev,trainer]'
+	$(BIN)/pip install --quiet -e '.[dev,trainer,console]'
 	touch $(STAMP)
 
 install: $(STAMP)

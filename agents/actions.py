@@ -15,7 +15,7 @@ from typing import Any
 
 from agents import protocol as p
 from agents.agent import Agent, Caller
-from agents.procs import pid_alive
+from trainer.control import pid_alive
 
 # Faults the simulator takes directly; the rest are handled by the agent itself.
 GPU_FAULTS = {"xid", "ecc-dbe", "thermal", "fell-off-bus", "hang"}

@@ -25,6 +25,9 @@ from agents.config import AgentConfig
 from agents.logsearch import SearchRefused, SearchTimeout, search_entries
 from agents.ratelimit import KeyedBuckets, LogLimiter
 from agents.ringbuffer import FrameRing
+from agents.logs import LogEntry
+from agents.sources import GuardedSource, Outcome
+from agents.sources.logs import LogsSource
 
 AGENT_VERSION = "0.1.0"
 # A client's private replies (action results, log lines) waiting to be sent. A
@@ -32,6 +35,8 @@ AGENT_VERSION = "0.1.0"
 # reason (and the replies it missed are counted) rather than losing one silently
 # or growing the agent's memory.
 MAX_REPLIES = 2000
+# ... and in bytes: a few replies can be large (a search answer is up to a frame, 1 MB).
+MAX_REPLY_BYTES = 8 * p.MAX_FRAME_BYTES
 # Actions and searches one session may have running at once.
 MAX_PENDING = 16
 # Search workers running at once on a node, whoever asked.
@@ -62,6 +67,7 @@ class ClientStream:
     logs: bool = False
     replies: deque[bytes] = field(default_factory=deque)
     dropped: int = 0
+    queued_bytes: int = 0  # the size of ``replies``
     pending: int = 0  # actions and searches admitted and not yet answered
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
@@ -73,15 +79,22 @@ class ClientStream:
         if self.closed:
             self.dropped += 1
             return False
-        if len(self.replies) >= MAX_REPLIES:
+        if len(self.replies) >= MAX_REPLIES or self.queued_bytes + len(data) > MAX_REPLY_BYTES:
             self.dropped += 1
             if self.on_overflow is not None:
                 overflow, self.on_overflow = self.on_overflow, None
                 overflow(self)
             return False
         self.replies.append(data)
+        self.queued_bytes += len(data)
         self.wake.set()
         return True
+
+    def next_reply(self) -> bytes:
+        """The oldest queued reply, taken off the queue."""
+        data = self.replies.popleft()
+        self.queued_bytes -= len(data)
+        return data
 
 
 ActionHandler = Callable[["Agent", Caller, p.Action], Awaitable[p.ActionResult]]
@@ -126,8 +139,11 @@ class Agent:
         self.dropped_replies = 0  # replies that closed sessions could not be sent
         self.refused_requests = 0  # actions and searches refused for a key over its budget
         self.budgets = KeyedBuckets(config.action_rate, config.action_burst, monotonic)
+        self._monotonic = monotonic
+        self._guards: dict[str, tuple[object, GuardedSource]] = {}
         self._refusal_log = LogLimiter(clock=monotonic)
         self.searches = 0  # search workers running now
+        self._searching: set[str] = set()  # client keys with a search running
         self.preflight_running: str | None = None  # id of the pre-flight this node is running
         self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []  # type: ignore[attr-defined]
         self._proc = psutil.Process()
@@ -224,24 +240,72 @@ class Agent:
 
     # ---------------------------------------------------------------- sampling
 
+    def sources(self) -> list[GuardedSource]:
+        """The sources a tick reads (GPUs, host, logs, trainer), each behind its guard.
+
+        A guard is made once per source object; one assigned later (a trainer
+        link attached after start) gets its own on the next tick.
+        """
+        guards: list[GuardedSource] = []
+        for slot in ("gpus", "host", "tailer", "trainer"):
+            obj = getattr(self, slot)
+            if obj is None:
+                self._guards.pop(slot, None)
+                continue
+            held = self._guards.get(slot)
+            if held is None or held[0] is not obj:
+                source = LogsSource(obj) if slot == "tailer" else obj  # type: ignore[arg-type]
+                held = (obj, GuardedSource(source, self.config.source_timeout, self._monotonic))  # type: ignore[arg-type]
+                self._guards[slot] = held
+            guards.append(held[1])
+        return guards
+
+    def close_sources(self) -> None:
+        """Close what the sources hold open (NVML, log files); a source still hung is left alone."""
+        for _, guard in self._guards.values():
+            guard.close()
+        self._guards.clear()
+
     def tick(self) -> None:
-        """Read every source once and publish what they said."""
+        """Read every source once, inline and without deadlines, and publish: for callers that drive an agent by hand."""
         t0 = time.perf_counter()
+        guards = self.sources()
+        self._publish_tick(guards, [g.read_now() for g in guards], t0)
+
+    async def tick_async(self) -> None:
+        """One tick of :meth:`run`: every source read at once, each within its deadline, then published."""
+        t0 = time.perf_counter()
+        guards = self.sources()
+        if any(g.blocking for g in guards):
+            outcomes = list(await asyncio.gather(*(g.read() for g in guards)))
+        else:  # nothing to wait for (simulated GPUs, a trainer link): no task per tick
+            outcomes = [g.read_now() for g in guards]
+        self._publish_tick(guards, outcomes, t0)
+
+    def _publish_tick(self, guards: list[GuardedSource], outcomes: list[Outcome], t0: float) -> None:
+        """One sample from what the sources said, then their events; a source that failed is N/A in it."""
         gpu_samples: list[p.GpuSample] = []
-        events: list[p.Event] = []
-        if self.gpus is not None:
-            gpu_samples = self.gpus.sample()  # type: ignore[attr-defined]
-            events.extend(self.gpus.poll_events())  # type: ignore[attr-defined]
-        host = self.host.sample() if self.host is not None else p.HostSample()  # type: ignore[attr-defined]
-        if self.tailer is not None:
-            lines, log_events = self.tailer.poll()  # type: ignore[attr-defined]
-            events.extend(log_events)
-            if lines:
-                self._send_log_lines(lines)
+        host = p.HostSample()
         trainer_status = None
-        if self.trainer is not None:
-            trainer_status = self.trainer.status  # type: ignore[attr-defined]
-            events.extend(self.trainer.take_events())  # type: ignore[attr-defined]
+        events: list[p.Event] = []
+        lines: list[LogEntry] = []
+        for guard, outcome in zip(guards, outcomes):
+            events.extend(outcome.events)
+            reading = outcome.reading
+            if reading is None:
+                if guard.source is self.gpus:  # the GPUs are still there, their readings are not
+                    gpu_samples = [p.GpuSample(index=info.index) for info in self.gpu_info]
+                continue
+            if reading.gpus is not None:
+                gpu_samples = reading.gpus
+            if reading.host is not None:
+                host = reading.host
+            if reading.trainer is not None:
+                trainer_status = reading.trainer
+            events.extend(reading.events)
+            lines.extend(reading.lines)
+        if lines:
+            self._send_log_lines(lines)
         stats = p.AgentStats(
             cpu_percent=self._proc.cpu_percent(None),
             rss_mb=self._proc.memory_info().rss / 2**20,
@@ -262,6 +326,7 @@ class Agent:
                 self.metrics.record_event(ev)  # type: ignore[attr-defined]
         if self.metrics is not None:
             self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)  # type: ignore[attr-defined]
+            self.metrics.record_sources([g.health() for g in guards])  # type: ignore[attr-defined]
         self._tick_ms = (time.perf_counter() - t0) * 1000
 
     def _send_log_lines(self, lines: list[tuple[str, str, float]]) -> None:
@@ -280,7 +345,7 @@ class Agent:
         overruns, warned_at = 0, -60.0
         while not self._stop.is_set():
             try:
-                self.tick()
+                await self.tick_async()
             except Exception:  # a source bug must not stop the heartbeat
                 self.log.exception("tick failed")
             next_at += self.config.interval
@@ -323,11 +388,13 @@ class Agent:
             self.dropped_replies += client.dropped
 
     def _overflowed(self, client: ClientStream, close: Callable[[bytes], None]) -> None:
-        reason = f"more than {MAX_REPLIES} replies waiting: this console is not reading them; closing the session"
+        reason = (f"more than {MAX_REPLIES} replies or {MAX_REPLY_BYTES >> 20} MB waiting: "
+                  "this console is not reading them; closing the session")
         self.log.warning("closing the session of {}: {}", client.caller, reason)
         # What was queued still goes out, then the reason; only the reply that overflowed is lost (and counted).
         data = b"".join(client.replies) + self.reply_frame(p.Error(code=p.Text("overloaded"), message=p.Text(reason)))
         client.replies.clear()
+        client.queued_bytes = 0
         self.forget(client)
         close(data)
 
@@ -350,7 +417,7 @@ class Agent:
             if refusal is not None:
                 client.reply(self.reply_frame(p.SearchResult(id=frame.id, error=p.Text(refusal))))
                 return None
-            return self._answer(client, self.search(frame))
+            return self._answer(client, self.search(frame, client.caller.key))
         if isinstance(frame, p.Action):
             refusal = self._admit(client, "action")
             if refusal is not None:
@@ -391,16 +458,24 @@ class Agent:
             client.pending -= 1
         client.reply(self.reply_frame(result))
 
-    async def search(self, req: p.Search) -> p.SearchResult:
-        """Search the buffered log lines in a worker process: the event loop only waits for it."""
+    async def search(self, req: p.Search, key: str = "") -> p.SearchResult:
+        """Search the buffered log lines in a worker process: the event loop only waits for it.
+
+        One search at a time per client ``key``, so one viewer cannot hold every worker.
+        """
         if self.tailer is None:
             return p.SearchResult(id=req.id)
+        if key and key in self._searching:
+            return p.SearchResult(id=req.id, error=p.Text("busy: this key's previous search is still running; wait for its answer"))
         if self.searches >= MAX_SEARCHES:
             return p.SearchResult(id=req.id, error=p.Text(f"busy: {MAX_SEARCHES} searches are running on this node; try again shortly"))
         limit = min(max(req.limit, 1), 5000)
         self.searches += 1
+        self._searching.add(key)
         try:
-            entries = self.tailer.entries(req.since, req.until)  # type: ignore[attr-defined]
+            # The whole buffer in one copy, filtered here: the logs source appends to it from its own thread.
+            entries = [e for e in self.tailer.entries() if (req.since is None or e[2] >= req.since)  # type: ignore[attr-defined]
+                       and (req.until is None or e[2] <= req.until)]
             found = await search_entries(entries, str(req.pattern), limit + 1, self.config.search_timeout)
         except SearchRefused as exc:
             return p.SearchResult(id=req.id, error=p.Text(f"refused pattern: {exc}"))
@@ -411,9 +486,11 @@ class Agent:
             return p.SearchResult(id=req.id, error=p.Text(f"bad pattern: {exc}"))
         finally:
             self.searches -= 1
+            self._searching.discard(key)
         truncated = len(found) > limit
         lines = [p.LogLine(source=p.Text(src), line=p.Text(text), line_ts=ts, node=self.node) for src, text, ts in found[-limit:]]
-        return p.SearchResult(id=req.id, lines=lines, truncated=truncated)
+        kept = _fit_frame(lines)
+        return p.SearchResult(id=req.id, lines=lines[len(lines) - kept:], truncated=truncated or kept < len(lines))
 
     async def act(self, caller: Caller, action: p.Action) -> p.ActionResult:
         """Check the role, run the handler, log who asked and what came of it."""
@@ -456,7 +533,7 @@ class Agent:
             if self.net_cut:
                 continue
             while client.replies:
-                write(client.replies.popleft())
+                write(client.next_reply())
             if client.subscribed:
                 frames, gap = self.ring.since(client.cursor, WRITE_BATCH)
                 if gap is not None:
@@ -475,6 +552,18 @@ class Agent:
                         client.wake.set()
             await drain()
 
+
+
+def _fit_frame(lines: list[p.LogLine]) -> int:
+    """How many of the newest ``lines`` fit in one frame the console accepts (``MAX_FRAME_BYTES``)."""
+    room = p.MAX_FRAME_BYTES - 4096  # the result's own fields
+    kept = 0
+    for line in reversed(lines):
+        room -= len(p.encode(line)) + 1
+        if room < 0:
+            break
+        kept += 1
+    return kept
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from console.cli import EXIT_ERROR
+from agents.exitcodes import EXIT_ERROR, EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--scene-dir", metavar="DIR", help="where capture_scene keeps incident bundles")
     ap.add_argument("--state-file", metavar="PATH", help="keep the node's isolation here, across agent restarts")
     ap.add_argument("--patrol-interval", type=float, metavar="S", help="repeat the cheap pre-flight checks every S seconds (0: off)")
+    ap.add_argument("--source-timeout", type=float, metavar="S",
+                    help="seconds one source (NVML, host, logs) may take to answer a tick before it counts as hung (default 2)")
     ap.add_argument("--log-level", default="INFO", help="agent log level (default INFO)")
     ap.set_defaults(func=_run)
 
@@ -60,4 +62,4 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"gridwatch agent: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
-    return 0
+    return EXIT_OK

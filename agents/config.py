@@ -1,45 +1,59 @@
-"""Agent settings: defaults, then a TOML file, then command-line flags."""
+"""Agent settings: one typed struct, from defaults, then a TOML file, then command-line flags."""
 
 from __future__ import annotations
 
+import difflib
+import json
 import socket
 import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
 
 
 class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the file and the key."""
+    """A setting that cannot be used; the message names the file (or flag), the key and what it expects."""
 
 
-@dataclass
-class AgentConfig:
-    node_name: str = field(default_factory=socket.gethostname)
-    listen: str = "0.0.0.0:8022"
-    host_key: str = "/etc/gridwatch/agent_host_key"
-    authorized_viewers: str = "/etc/gridwatch/authorized_viewers"
-    authorized_operators: str = "/etc/gridwatch/authorized_operators"
-    metrics_listen: str | None = None
-    interval: float = 1.0
-    log: list[str] = field(default_factory=list)
+# Each bound is also what an operator reads in the error: "expected a number from 0.05 to 3600".
+Seconds = Annotated[float, Meta(gt=0, le=3600, description="seconds")]
+PathText = Annotated[str, Meta(min_length=1, description="a path")]
+HostPort = Annotated[str, Meta(min_length=1, description="HOST:PORT")]
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything an agent is told. Parsed once (:func:`load`); code that builds one directly is trusted."""
+
+    node_name: Annotated[str, Meta(min_length=1, max_length=200)] = msgspec.field(default_factory=socket.gethostname)
+    listen: HostPort = "0.0.0.0:8022"
+    host_key: PathText = "/etc/gridwatch/agent_host_key"
+    authorized_viewers: PathText = "/etc/gridwatch/authorized_viewers"
+    authorized_operators: PathText = "/etc/gridwatch/authorized_operators"
+    metrics_listen: HostPort | None = None
+    # Under 0.05 s the sampler takes most of a core; past an hour a console calls the node stale anyway.
+    interval: Annotated[float, Meta(ge=0.05, le=3600, description="seconds between samples")] = 1.0
+    log: list[PathText] = msgspec.field(default_factory=list)
     kernel_log: bool = True
-    simulate_gpus: int = 0
+    simulate_gpus: Annotated[int, Meta(ge=0, le=1024)] = 0
     sim_seed: int = 0
-    trainer_socket: str | None = None
-    ring_frames: int = 3600  # about an hour of samples at 1 Hz plus events
-    scene_dir: str = "/var/lib/gridwatch/scenes"
-    state_file: str | None = None  # keeps "isolated" across agent restarts when set
-    patrol_interval: float = 0.0  # 0: no patrol
-    nics: list[str] = field(default_factory=list)
-    checkpoint_paths: list[str] = field(default_factory=list)
+    trainer_socket: PathText | None = None
+    ring_frames: Annotated[int, Meta(ge=1, le=10_000_000)] = 3600  # about an hour of samples at 1 Hz plus events
+    scene_dir: PathText = "/var/lib/gridwatch/scenes"
+    state_file: PathText | None = None  # keeps "isolated" across agent restarts when set
+    patrol_interval: Annotated[float, Meta(ge=0, le=7 * 86400, description="seconds, 0: no patrol")] = 0.0
+    nics: list[Annotated[str, Meta(min_length=1)]] = msgspec.field(default_factory=list)
+    checkpoint_paths: list[PathText] = msgspec.field(default_factory=list)
     # Each client key may send this many actions and searches at once, then this many a second.
-    action_burst: float = 20.0
-    action_rate: float = 2.0
-    search_timeout: float = 5.0  # seconds a log search may run before its worker is killed
+    action_burst: Annotated[float, Meta(ge=1, le=1_000_000)] = 20.0
+    action_rate: Annotated[float, Meta(gt=0, le=1_000_000, description="requests a second")] = 2.0
+    search_timeout: Seconds = 5.0  # seconds a log search may run before its worker is killed
     # Connections still authenticating at once (as sshd's MaxStartups), and how long each may take.
-    max_unauthenticated: int = 64
-    login_timeout: float = 30.0
+    max_unauthenticated: Annotated[int, Meta(ge=1, le=100_000)] = 64
+    login_timeout: Seconds = 30.0
+    # How long one source (NVML, host, logs) may take to answer a tick before it counts as hung.
+    source_timeout: Annotated[float, Meta(gt=0, le=60, description="seconds")] = 2.0
 
     def listen_addr(self) -> tuple[str, int]:
         return split_hostport(self.listen, "listen")
@@ -48,43 +62,124 @@ class AgentConfig:
         return split_hostport(self.metrics_listen, "metrics_listen") if self.metrics_listen else None
 
 
+_FIELDS = {f.name: f for f in msgspec.structs.fields(AgentConfig)}
+
+
 def split_hostport(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+        raise ConfigError(f"{what}: expected HOST:PORT with a port from 0 to 65535, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _number(n: float) -> str:
+    return str(int(n)) if float(n).is_integer() else f"{n:g}"
+
+
+def expected(kind: Any) -> str:
+    """What a setting of this (msgspec) type accepts, in an operator's words."""
+    info = kind if isinstance(kind, msgspec.inspect.Type) else msgspec.inspect.type_info(kind)
+    note = ""
+    if isinstance(info, msgspec.inspect.Metadata):
+        note = (info.extra_json_schema or {}).get("description", "")
+        info = info.type
+    if isinstance(info, msgspec.inspect.UnionType):  # "X or nothing": TOML has no null, so say X
+        inner = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
+        return expected(inner[0]) if len(inner) == 1 else " or ".join(expected(t) for t in inner)
+    if isinstance(info, (msgspec.inspect.FloatType, msgspec.inspect.IntType)):
+        text = "a number" if isinstance(info, msgspec.inspect.FloatType) else "a whole number"
+        low = info.ge if info.ge is not None else info.gt
+        if low is not None and info.le is not None:
+            text += f" {'above' if info.ge is None else 'from'} {_number(low)} {'up ' if info.ge is None else ''}to {_number(info.le)}"
+        elif low is not None:
+            text += f" {'above' if info.ge is None else 'of at least'} {_number(low)}"
+        elif info.le is not None:
+            text += f" of at most {_number(info.le)}"
+    elif isinstance(info, msgspec.inspect.StrType):
+        text = "a non-empty string" if info.min_length else "a string"
+        if info.max_length:
+            text += f" of at most {info.max_length} characters"
+    elif isinstance(info, msgspec.inspect.BoolType):
+        text = "true or false"
+    elif isinstance(info, msgspec.inspect.ListType):
+        item = info.item_type.type if isinstance(info.item_type, msgspec.inspect.Metadata) else info.item_type
+        text = "a list of strings" if isinstance(item, msgspec.inspect.StrType) else "a list"
+    else:
+        text = "a value of another type"
+    return f"{text} ({note})" if note and note not in text else text
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check(name: str, value: Any, where: str) -> Any:
+    """``value`` as setting ``name`` takes it, or :class:`ConfigError` naming ``where``, the key and what it expects."""
+    field = _FIELDS[name]
+    try:
+        return msgspec.convert(value, field.type)
+    except msgspec.ValidationError:
+        hint = ""
+        if isinstance(value, str) and isinstance(_bare(field.type), msgspec.inspect.ListType):
+            hint = f" (a list: write [{json.dumps(value)}])"
+        raise ConfigError(f"{where}: expected {expected(field.type)}, got {_shown(value)}{hint}") from None
+
+
+def _bare(kind: Any) -> msgspec.inspect.Type:
+    info = msgspec.inspect.type_info(kind)
+    return info.type if isinstance(info, msgspec.inspect.Metadata) else info
+
+
+def _unknown(where: str, key: str) -> ConfigError:
+    close = difflib.get_close_matches(key.replace("-", "_"), _FIELDS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known settings: {', '.join(sorted(_FIELDS))}"
+    return ConfigError(f"{where}: unknown setting {key!r}{hint}")
+
+
+def _table(path: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    if "agent" not in data:
+        return data
+    table = data["agent"]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: agent: expected a table ([agent]), got {_shown(table)}")
+    for key in data:
+        if key != "agent":  # settings beside [agent] would be silently ignored
+            raise _unknown(path, key)
+    return table
+
+
 def load(path: str | None, overrides: dict[str, Any]) -> AgentConfig:
-    """Build the config: TOML file (its ``[agent]`` table or top level) under CLI overrides."""
+    """Build the config: TOML file (its ``[agent]`` table or top level) under command-line overrides.
+
+    Every key is checked against its type and bounds; flags (``overrides``,
+    by field name, ``None`` for "not given") are checked the same way.
+    """
     values: dict[str, Any] = {}
-    known = {f.name: f for f in fields(AgentConfig)}
+    origin: dict[str, str] = {}  # where each setting came from, for the error that names it
     if path:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-        table = data.get("agent", data)
-        for key, value in table.items():
+        for key, value in _table(path).items():
             name = key.replace("-", "_")
-            if name not in known:
-                raise ConfigError(f"{path}: unknown setting {key!r}")
-            values[name] = value
-    values.update({k: v for k, v in overrides.items() if v is not None and k in known})
-    cfg = AgentConfig(**values)
-    if cfg.interval <= 0:
-        raise ConfigError(f"interval must be positive, got {cfg.interval}")
-    for name in ("action_rate", "search_timeout", "login_timeout"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.action_burst < 1:
-        raise ConfigError(f"action_burst must be at least 1, got {cfg.action_burst}")
-    if cfg.max_unauthenticated < 1:
-        raise ConfigError(f"max_unauthenticated must be at least 1, got {cfg.max_unauthenticated}")
-    if cfg.simulate_gpus < 0:
-        raise ConfigError("simulate_gpus must be 0 or more")
-    cfg.listen_addr()
-    cfg.metrics_addr()
+            if name not in _FIELDS:
+                raise _unknown(path, key)
+            origin[name] = f"{path}: {key}"
+            values[name] = check(name, value, origin[name])
+    for name, value in overrides.items():
+        if value is not None and name in _FIELDS:
+            origin[name] = f"--{name.replace('_', '-')}"
+            values[name] = check(name, value, origin[name])
+    cfg = msgspec.convert(values, AgentConfig)  # every value already passed its own check
+    for name in ("listen", "metrics_listen"):
+        value = getattr(cfg, name)
+        if value is not None:
+            split_hostport(value, origin.get(name, name))
+    if 0 < cfg.patrol_interval < 1:
+        where = origin.get("patrol_interval", "patrol_interval")
+        raise ConfigError(f"{where}: expected 0 (no patrol) or at least 1 second, got {cfg.patrol_interval:g}")
     return cfg

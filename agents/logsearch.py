@@ -2,7 +2,9 @@
 
 A client's pattern never runs on the agent's event loop. It is parsed first and
 refused when it can backtrack without bound (a repetition inside a repetition,
-an alternation inside a repetition, a back-reference); what is left runs in a
+an alternation inside a repetition, a back-reference) or for a time polynomial
+in the line's length with a high power (more than three open repetitions in a
+row, like ``\\s*\\s*\\s*\\s*x``); what is left runs in a
 child process that is killed at its deadline, so a pattern that is merely slow
 costs one worker, never the agent's samples. ``python -m agents.logsearch`` is
 that worker: a request on stdin, the matching line numbers on stdout.
@@ -27,6 +29,10 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 MAX_PATTERN_CHARS = 500
+# Each open repetition can take any share of a line, so k of them try about
+# len(line)**k splits before failing: twelve on 30 spaces ran for minutes.
+MAX_OPEN_REPEATS = 3
+_OPEN_RANGE = 16  # a bounded repetition this wide counts as open too ({0,100} is as bad as *)
 DEFAULT_TIMEOUT_S = 5.0
 _WORKER_MEMORY = 2 << 30  # bytes: the buffer it is sent is at most a few tens of MB
 
@@ -65,6 +71,17 @@ def _children(op: object, av: object) -> list[object]:
     return []
 
 
+def _open_repeats(items: object) -> int:
+    """How many repetitions in the parsed pattern have no upper bound, or a wide one."""
+    count = 0
+    for op, av in items:  # type: ignore[attr-defined]
+        if op in _REPEATS and (av[1] == _c.MAXREPEAT or av[1] - av[0] > _OPEN_RANGE):  # type: ignore[index]
+            count += 1
+        for child in _children(op, av):
+            count += _open_repeats(child)
+    return count
+
+
 def _walk(items: object, inside_repeat: bool) -> None:
     for op, av in items:  # type: ignore[attr-defined]
         if op in _BACKREFS:
@@ -90,6 +107,10 @@ def vet_pattern(pattern: str) -> re.Pattern[str]:
     except (re.error, RecursionError, OverflowError) as exc:
         raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
     _walk(parsed, False)
+    opened = _open_repeats(parsed)
+    if opened > MAX_OPEN_REPEATS:
+        raise SearchRefused(f"a log search may have at most {MAX_OPEN_REPEATS} open repetitions (like * or +), "
+                            f"this one has {opened}; anchor it on literal text instead")
     return regex
 
 

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agents.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample
+from agents.sources import SourceHealth, SourceState
 from agents.sources.nvml import encode_throttle
 
 # dcgm-exporter's label set, so its Grafana dashboards work unchanged.
@@ -80,6 +81,7 @@ class MetricsExporter:
         self._snap: _Snapshot | None = None
         self._events = _EventCounts()
         self._server: Any = None
+        self._sources: list[SourceHealth] = []
         self.registry.register(_Collector(self))
 
     def update(
@@ -87,6 +89,10 @@ class MetricsExporter:
     ) -> None:
         """The readings of one tick; what the next scrape will show."""
         self._snap = _Snapshot(node, infos, gpus, host, agent)
+
+    def record_sources(self, health: list[SourceHealth]) -> None:
+        """How each source's last read went (node_exporter's ``node_scrape_collector_*``)."""
+        self._sources = list(health)
 
     def record_event(self, event: Event) -> None:
         """Count an event (``gridwatch_events_total``); an XID also sets ``DCGM_FI_DEV_XID_ERRORS``."""
@@ -122,6 +128,7 @@ class MetricsExporter:
             yield from self._gpu_families(snap)
             yield from _host_families(snap.node, snap.host)
             yield from _agent_families(snap.node, snap.agent)
+            yield from _source_families(snap.node, self._sources)
         yield from self._event_families(snap.node if snap else "")
 
     def _gpu_families(self, snap: _Snapshot) -> Iterator[Metric]:
@@ -265,6 +272,22 @@ def _agent_families(node: str, a: AgentStats) -> Iterator[Metric]:
         "gridwatch_agent_tick_seconds", "Time the last sampler tick took.", node,
         None if a.tick_ms is None else a.tick_ms / 1000.0,
     )
+
+
+def _source_families(node: str, sources: list[SourceHealth]) -> Iterator[Metric]:
+    success = GaugeMetricFamily(
+        "gridwatch_agent_source_success", "1 when the source's last read answered in time, else 0.",
+        labels=["node", "source"],
+    )
+    duration = GaugeMetricFamily(
+        "gridwatch_agent_source_duration_seconds", "How long the source's last read took (a hung one: so far).",
+        labels=["node", "source"],
+    )
+    for h in sources:
+        success.add_metric([node, h.name], 1.0 if h.state is SourceState.OK else 0.0)
+        if h.duration_s is not None:
+            duration.add_metric([node, h.name], h.duration_s)
+    yield from (success, duration)
 
 
 class _Collector(Collector):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from enum import StrEnum
 from typing import Any, Union
 
 import msgspec
@@ -34,6 +35,26 @@ _CONTROL = re.compile(
     "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
 )
 _WHITESPACE_CONTROL = re.compile(r"[\t\n\r\u2028\u2029]")
+class Severity(StrEnum):
+    """How bad an event is, mildest first: what playbooks rank and the Logs view filters by."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+SEVERITIES: tuple[str, ...] = tuple(s.value for s in Severity)
+
+
+def severity_rank(severity: str) -> int:
+    """Higher is worse; a severity this version does not know ranks below every known one."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
+
+
+# A node is stale ("heartbeat lost") after this many of its sampling intervals without
+# a frame: one definition for the fleet, the state store and the playbooks' default.
+STALE_AFTER_INTERVALS = 3.0
 # Deeper than any frame we send; a deeper one is refused before anything recurses on it.
 MAX_NESTING = 32
 
@@ -328,6 +349,8 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "patrol_failed",
         "patrol_recovered",
         "fault_injected",
+        "source_failed",
+        "source_recovered",
     }
 )
 

@@ -11,6 +11,22 @@ from agents.agent import Agent
 from agents.config import AgentConfig
 
 
+# After SIGTERM, how long sessions and workers get to wind down before the agent exits anyway.
+STOP_GRACE_S = 3.0
+
+
+async def cancel_the_rest(timeout: float) -> list[str]:
+    """Cancel every other task of this loop and wait up to ``timeout``; what is still running, described."""
+    me = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for task in rest:
+        task.cancel()
+    if not rest:
+        return []
+    _, pending = await asyncio.wait(rest, timeout=timeout)
+    return [f"{t.get_name()} {t.get_coro()!r}" for t in pending]
+
+
 def build_agent(config: AgentConfig) -> Agent:
     """Open every source named by the config (each once) and wire them to an Agent."""
     from agents.logs import LogTailer
@@ -74,6 +90,8 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
         acceptor.close()
         if agent.trainer is not None:
             await agent.trainer.stop()  # type: ignore[attr-defined]
-        if agent.gpus is not None:
-            agent.gpus.close()  # type: ignore[attr-defined]
+        agent.close_sources()
+        stuck = await cancel_the_rest(STOP_GRACE_S)
+        if stuck:
+            log.warning("{} task(s) did not stop within {:g} s: {}", len(stuck), STOP_GRACE_S, "; ".join(stuck))
         log.info("agent stopped")

@@ -14,6 +14,7 @@ from typing import Any
 from loguru import logger
 
 from agents import protocol as p
+from agents.sources import Reading
 
 
 class TrainerLink:
@@ -23,6 +24,9 @@ class TrainerLink:
     left, a few seconds) from paging; a crash that torchrun does not heal, a
     frozen trainer or a re-formation that hangs outlasts it.
     """
+
+    name = "trainer"
+    blocking = False  # the newest status is already in memory: polling happens in the background
 
     def __init__(self, socket_path: str, interval: float = 1.0, timeout: float = 2.0, grace: float = 15.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -50,6 +54,10 @@ class TrainerLink:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+
+    def read(self) -> Reading:
+        """The sampler's view: the newest status and the events since the last read."""
+        return Reading(trainer=self.status, events=self.take_events())
 
     def take_events(self) -> list[p.Event]:
         events, self._events = self._events, []

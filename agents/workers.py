@@ -56,6 +56,22 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
             pass
 
 
+async def _drain(stream: asyncio.StreamReader | None) -> None:
+    while stream is not None and await stream.read(1 << 16):
+        pass
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    # Read what the dead child left in its pipes first: a pipe whose reader was paused
+    # (a full buffer nobody reads after a cancelled communicate) never reports its EOF,
+    # and asyncio's wait() waits for every pipe to close, so it would wait forever.
+    try:
+        await asyncio.wait_for(asyncio.gather(_drain(proc.stdout), _drain(proc.stderr)), 5.0)
+    except (TimeoutError, OSError):
+        pass
+    await proc.wait()
+
+
 async def run_child(argv: list[str], stdin: bytes | None, timeout: float, env: dict[str, str] | None = None) -> ChildResult:
     """Run ``argv`` to completion within ``timeout`` seconds; the child never outlives this call.
 
@@ -75,11 +91,11 @@ async def run_child(argv: list[str], stdin: bytes | None, timeout: float, env: d
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except TimeoutError:
         _kill(proc)
-        await proc.wait()
+        await _reap(proc)
         raise ChildTimeout(f"did not finish within {timeout:g} s") from None
     except BaseException:
         _kill(proc)
         # Reap it, even while being cancelled, so no zombie is left behind.
-        await asyncio.shield(proc.wait())
+        await asyncio.shield(_reap(proc))
         raise
     return ChildResult(proc.returncode if proc.returncode is not None else -1, out, err)

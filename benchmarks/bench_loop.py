@@ -111,7 +111,7 @@ async def one_round(index: int, faults: list[tuple[str, FaultSpec]], mode: str, 
 
             def settled() -> bool:
                 now = time.time()
-                if now - t0 < 15 or session.supervisor.busy:
+                if now - t0 < 15 or session.runtime.busy:
                     return False
                 if not any(i.node == node and i.detected_at >= t0 - 0.5 for i in session.store.incidents()):
                     return False  # a metric playbook (thermal: 60 s) may still be counting

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from loguru import logger
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Input
 
 from console.hostlist import HostlistError, expand
 from console.runtime import ConsoleRuntime
@@ -21,12 +24,15 @@ from console.screens import (
     TrainingScreen,
     ViewScreen,
 )
+from console.screens.command_line import COMMANDS, Verb, parse_command, usage_line
 
 VIEWS: dict[str, type[ViewScreen]] = {
-    "logs": LogsScreen,
-    "incidents": IncidentsScreen,
-    "training": TrainingScreen,
+    Verb.LOGS: LogsScreen,
+    Verb.INCIDENTS: IncidentsScreen,
+    Verb.TRAINING: TrainingScreen,
 }
+# Keys that end the command line: what follows them in a burst belongs to the view beneath.
+_LINE_ENDING_KEYS = frozenset({"enter", "escape"})
 
 
 class GridwatchApp(App[None]):
@@ -48,6 +54,9 @@ class GridwatchApp(App[None]):
         self.start_runtime = start_runtime
         self.note = ""  # the outcome of the last operator action, shown in the status bar
         self.preflight_running = False
+        self._held: list[events.Key | events.Paste] = []  # typed after ``:``, before its field had focus
+        self._line_ending = False  # Enter or Escape went to a line whose command has not run yet
+        self._stuck_timer: Timer | None = None
 
     def get_default_screen(self) -> Screen:
         return FleetScreen()
@@ -105,29 +114,34 @@ class GridwatchApp(App[None]):
 
     def run_command(self, command: str | None) -> None:
         """Run what was typed after ``:``; an unknown command says so in the status bar."""
+        if self._line_ending:
+            # Keys typed after this line belong to what the command opens: hand them on after it.
+            self._line_ending = False
+            if self._stuck_timer is not None:
+                self._stuck_timer.stop()
+            self.call_later(self._release_held)
         if not command:
             return
-        word, _, rest = command.partition(" ")
-        word = word.lower()
-        if word in ("nodes", "node", "fleet", "no") and not rest:
-            self.show_view("nodes")
-        elif word in ("node", "no") and rest:
-            if self.runtime.store.by_name(rest.strip()) is None:
-                self.set_note(f"no node called {rest.strip()!r}")
+        parsed = parse_command(command)
+        if parsed is None:
+            self.set_note(f"unknown command :{command} (try {usage_line()})")
+            return
+        entry, rest = parsed
+        if entry.verb is Verb.NODE:
+            if self.runtime.store.by_name(rest) is None:
+                self.set_note(f"no node called {rest!r}")
                 return
-            self.open_node(rest.strip())
-        elif word in ("logs", "log", "lo"):
-            self.show_view("logs")
-        elif word in ("incidents", "incident", "inc", "in"):
-            self.show_view("incidents")
-        elif word in ("training", "train", "tr"):
-            self.show_view("training")
-        elif word in ("preflight", "pre-flight", "pf"):
-            self.run_preflight(rest.strip() or None)
-        elif word in ("q", "quit", "exit"):
-            self.exit()
+            self.open_node(rest)
         else:
-            self.set_note(f"unknown command :{command} (try :nodes :logs :incidents :training :preflight)")
+            self._verb_action(entry.verb, rest)()
+
+    def _verb_action(self, verb: Verb, rest: str = "") -> Callable[[], None]:
+        """What a command without a node name does: one place for the ``:`` line and the palette."""
+        if verb is Verb.PREFLIGHT:
+            return lambda: self.run_preflight(rest or None)
+        if verb is Verb.QUIT:
+            return self.exit
+        return lambda: self.show_view(verb)
 
     def set_note(self, note: str) -> None:
         self.note = note
@@ -135,11 +149,61 @@ class GridwatchApp(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Nodes", "The fleet: heatmap and node table", lambda: self.show_view("nodes"))
-        yield SystemCommand("Logs", "Events and log lines across nodes", lambda: self.show_view("logs"))
-        yield SystemCommand("Incidents", "Open and recent incidents", lambda: self.show_view("incidents"))
-        yield SystemCommand("Training", "The training run", lambda: self.show_view("training"))
-        yield SystemCommand("Pre-flight", "Check every connected node now (changes nothing)", self.run_preflight)
+        for entry in COMMANDS:
+            if entry.palette:
+                yield SystemCommand(entry.palette, entry.help[0].upper() + entry.help[1:], self._verb_action(entry.verb))
+
+    # ------------------------------------------------------------ typing ahead
+
+    def _holding_keys(self) -> bool:
+        """Hold keys while a line's field has no focus yet, while its command has not run, or older keys wait."""
+        screen = self.screen
+        return bool(self._held) or self._line_ending or (isinstance(screen, CommandLine) and not screen.taking_keys)
+
+    async def on_event(self, event: events.Event) -> None:
+        """Keys typed straight after ``:`` reach the command line in order, as in k9s (a paste too).
+
+        A key goes first to the focused widget and comes back to the app's bindings
+        only later, behind keys already queued; so ``:`` opens the line here, on
+        arrival, and what follows waits until the line's field has focus (and, after
+        Enter, until the command has run and opened its view).
+        """
+        if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
+            if self._holding_keys():
+                self._held.append(event)
+                return
+            await self._deliver(event)
+            return
+        await super().on_event(event)
+
+    async def _deliver(self, event: events.Key | events.Paste) -> None:
+        """Deliver a key as Textual would, except that ``:`` opens the line at once and Enter or
+        Escape on the line holds what follows until the line's command has run."""
+        if isinstance(event, events.Key):
+            if event.key == "colon" and not isinstance(self.focused, Input):
+                self.action_command_line()
+                return
+            if event.key in _LINE_ENDING_KEYS and isinstance(self.screen, CommandLine):
+                self._line_ending = True
+                # A safety net: should the line not close, the held keys are not held for ever.
+                self._stuck_timer = self.set_timer(1.0, self._release_stuck)
+        await super().on_event(event)
+
+    def _release_stuck(self) -> None:
+        if self._line_ending:
+            self._line_ending = False
+            self.call_later(self._release_held)
+
+    def on_command_line_ready(self, _: CommandLine.Ready) -> None:
+        self.call_later(self._release_held)
+
+    async def _release_held(self) -> None:
+        """Hand held keys on as if they arrived now; after one that ends the line, wait until its command ran."""
+        while self._held and not self._line_ending:
+            screen = self.screen
+            if isinstance(screen, CommandLine) and not screen.taking_keys:
+                return  # its Ready message calls this again
+            await self._deliver(self._held.pop(0))
 
     # --------------------------------------------------------------- actions
 

@@ -12,21 +12,19 @@ import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
+from agents.exitcodes import EXIT_ERROR
+
 # Modules that each expose ``register(subparsers)``; order is the order in --help.
 _COMMAND_MODULES = (
     "agents.cli",  # agent
     "console.commands",  # tail, keys
     "console.ui_cli",  # console
     "playbooks.cli",  # playbook
-    "trainer.cli",  # train
+    "console.train_cli",  # train
     "console.preflight_cli",  # preflight
     "console.demo_cli",  # demo, fault
 )
 
-# Exit codes scripts can rely on.
-EXIT_OK = 0
-EXIT_FAILED = 1  # the command ran and found a failure (a check failed, a node is bad)
-EXIT_ERROR = 2  # the command could not run (bad usage, bad config, unreachable)
 
 
 def _version() -> str:

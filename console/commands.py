@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from console.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from console.config import ClusterConfig
 
 
 def clean_logs() -> None:
@@ -32,26 +35,28 @@ def add_target_options(ap: argparse.ArgumentParser, required: bool = True) -> No
     ap.add_argument("--known-hosts", metavar="PATH", help="known_hosts file pinning the agents' host keys")
 
 
+def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
+    """The ``--cluster`` file, read and checked once per command (None without one); raises ConfigError."""
+    from console.config import load_cluster
+
+    if not getattr(args, "cluster", None):
+        return None
+    cached = getattr(args, "_cluster_config", None)
+    if cached is None:
+        cached = args._cluster_config = load_cluster(args.cluster)
+    return cached
+
+
 def resolve_targets(args: argparse.Namespace) -> tuple[list, str, str]:
     """Endpoints, key and known_hosts from flags or cluster.toml; raises ValueError with a one-line reason."""
     from console.hostlist import HostlistError, parse_endpoints
 
     spec, key, known = args.nodes, args.key, args.known_hosts
-    if args.cluster:
-        try:
-            data = tomllib.loads(Path(args.cluster).read_text())
-        except OSError as exc:
-            raise ValueError(f"{args.cluster}: cannot read: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{args.cluster}: not valid TOML: {exc}") from None
-        base = Path(args.cluster).parent
-        spec = data.get("nodes")
-        if isinstance(spec, list):
-            spec = ",".join(spec)
-        key = key or (str(base / data["key"]) if "key" in data else None)
-        known = known or (str(base / data["known_hosts"]) if "known_hosts" in data else None)
-        if not spec:
-            raise ValueError(f"{args.cluster}: no 'nodes' (e.g. nodes = \"node[01-16]:8022\")")
+    config = cluster_config(args)
+    if config is not None:
+        spec = config.node_spec
+        key = key or config.key
+        known = known or config.known_hosts
     if not key:
         raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
     if not known:
@@ -62,7 +67,7 @@ def resolve_targets(args: argparse.Namespace) -> tuple[list, str, str]:
     try:
         return parse_endpoints(spec), key, known
     except HostlistError as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(f"{args.cluster}: nodes: {exc}" if config is not None else str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

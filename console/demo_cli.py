@@ -7,7 +7,8 @@ import asyncio
 import signal
 import sys
 
-from console.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from playbooks.model import SCHEDULERS
 
 # The agent's fault kinds (agents.actions.FAULT_KINDS), listed here so --help needs no agent import.
 FAULT_KINDS = ("xid", "ecc-dbe", "thermal", "fell-off-bus", "hang", "trainer-hang", "trainer-crash", "agent-kill",
@@ -54,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--skip-playbook", action="append", default=[], metavar="NAME",
                       help="leave a shipped playbook out (repeatable); e.g. straggler-persistent on a box whose "
                       "CPUs the workers share, where every rank looks slow now and then")
+    demo.add_argument("--scheduler", choices=SCHEDULERS, default="none",
+                      help="what a playbook's drain_node step tells (default none: the step is skipped)")
     demo.add_argument("--watch-only", action="store_true",
                       help="playbooks make incidents but send no step that acts (isolate, restart, ...): a baseline")
     demo.set_defaults(func=_demo)
@@ -85,7 +88,7 @@ def _demo(args: argparse.Namespace) -> int:
         cluster=ClusterOptions(nodes=args.nodes, gpus=args.gpus, interval=args.interval, trainer=not args.no_trainer,
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
-        skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only,
+        skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only, scheduler=args.scheduler,
     )
     _quiet_logs(args.dir)
     try:
@@ -162,9 +165,9 @@ async def _with_console(options, duration: float | None) -> int:  # type: ignore
 
     try:
         from console.app import GridwatchApp
-        from console.runtime import ConsoleRuntime, ExecutorActor, StoreIncidents
     except ImportError as exc:
-        print(f"gridwatch demo: the console cannot start ({exc}); use --headless", file=sys.stderr)
+        print(f"gridwatch demo: the console cannot start ({exc}); install gridwatch[console], or use --headless",
+              file=sys.stderr)
         return EXIT_ERROR
     _cancel_on_sigterm()
     lines: list[str] = []
@@ -172,17 +175,14 @@ async def _with_console(options, duration: float | None) -> int:  # type: ignore
     try:
         await session.start()
         session.say = lines.append  # the screen owns the terminal from here on
-        # The session already feeds its engine; the screen only shows and acts on its incidents.
-        runtime = ConsoleRuntime(fleet=session.fleet, operator="demo-operator",
-                                 incidents=StoreIncidents(session.store),
-                                 actor=ExecutorActor(session.supervisor.executor, session.store))
-        session.runtime = runtime
-        app = GridwatchApp(runtime)
+        assert session.runtime is not None
+        # The screen starts and stops the session's runtime, as `gridwatch console` does its own.
+        app = GridwatchApp(session.runtime)
         session._begin()
         if duration:
             asyncio.get_running_loop().call_later(duration, app.exit)
         await app.run_async()
-    except ClusterError as exc:
+    except (ClusterError, RuntimeError) as exc:
         print(f"gridwatch demo: {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:

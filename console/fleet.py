@@ -6,14 +6,17 @@ last seq seen, so nothing is lost that the agent still holds; what it no longer
 holds is reported as a gap. A restarted agent (a new boot id) is read from its
 first frame. A link's node name is pinned by its first hello: frames naming
 another node are dropped and counted, and a second link claiming a name already
-held is refused. Every string a peer sends is cleaned before it is logged or
+held is refused. A hello name must be a plain node name, and an endpoint given
+by host name admits only that host's name (see :func:`hello_name_refusal`). Every string a peer sends is cleaned before it is logged or
 stored. Data code: never imports textual.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -32,12 +35,40 @@ from console.hostlist import Endpoint
 READ_CHUNK = 65536
 # Errors quote what a peer sent; this is enough to say what happened.
 MAX_ERROR_CHARS = 300
+# A name an agent may say hello as: plain ASCII, as host names and the agents' node names are.
+HELLO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def hello_name_refusal(endpoint: Endpoint, name: str) -> str:
+    """Why the agent at ``endpoint`` may not speak as ``name``; '' when it may.
+
+    An endpoint given by host name binds the name: the agent must be that host
+    or its first label (``node001.cluster:8022`` may be ``node001``). One given
+    by IP address names no node, so there the first hello pins the name; what
+    tells such agents apart is each node's own host key, which the console pins.
+    """
+    if not HELLO_NAME.match(name):
+        return f"{endpoint}: the agent says it is {name!r}, which is not a plain node name (letters, digits, '.', '_', '-')"
+    host = endpoint.host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return ""
+    wanted = host.lower().rstrip(".")
+    if name.lower() in (wanted, wanted.split(".", 1)[0]):
+        return ""
+    return (
+        f"{endpoint}: the agent says it is {name!r}, but this endpoint is the host {host}; its frames are refused "
+        f"(name the agent {wanted.split('.', 1)[0]!r}, or list the node by its address)"
+    )
 
 
 class LinkState(StrEnum):
     CONNECTING = "connecting"
     CONNECTED = "connected"
-    STALE = "stale"  # connected, but no frame for 3 intervals
+    STALE = "stale"  # connected, but no frame for STALE_AFTER_INTERVALS intervals
     DOWN = "down"  # cannot connect or the connection dropped
     REFUSED = "refused"  # the key or the host key is wrong: retrying will not help by itself
 
@@ -79,7 +110,7 @@ class FleetOptions:
     connect_timeout: float = 5.0
     backoff_min: float = 0.5
     backoff_max: float = 30.0
-    stale_intervals: float = 3.0  # no frame within this many intervals: stale
+    stale_intervals: float = p.STALE_AFTER_INTERVALS  # no frame within this many intervals: stale
     dead_intervals: float = 10.0  # ... this many: drop the connection and reconnect
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
@@ -374,7 +405,12 @@ class Fleet:
 
     def _pin(self, link: NodeLink, hello: p.Hello) -> str:
         """The name this link speaks for; raises :class:`LinkRefused` when it may not have it."""
-        name = str(hello.node) or str(link.endpoint)
+        said = str(hello.node)
+        if said:
+            why = hello_name_refusal(link.endpoint, said)
+            if why:
+                raise LinkRefused(why)
+        name = said or str(link.endpoint)
         if link.pinned is not None and name != link.pinned:
             raise LinkRefused(
                 f"{link.endpoint}: the agent now says it is {name!r} but it was {link.pinned!r}; "

@@ -12,7 +12,7 @@ import asyncio
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import msgspec
 from loguru import logger
 
 from agents import protocol as p
+from agents.preflight import CheckOutcome  # one check-result type: the node's, as the node sent it
 from console.hostlist import Endpoint
 
 CHECK_COLUMNS = ("gpus", "stack", "network", "storage", "time", "comm")
@@ -55,21 +56,12 @@ class PreflightOptions:
 
 
 @dataclass
-class CheckResult:
-    """One check on one node: verdict, one-line reason, the numbers behind it."""
-
-    ok: bool
-    detail: str
-    values: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class NodeReport:
     name: str
     endpoint: str
     reachable: bool = True
     error: str | None = None  # why the node could not be checked at all
-    checks: dict[str, CheckResult] = field(default_factory=dict)
+    checks: dict[str, CheckOutcome] = field(default_factory=dict)
     clock_offset_s: float | None = None  # node wall clock minus the console's, at the round-trip midpoint
     clock_rtt_s: float | None = None
 
@@ -199,14 +191,19 @@ def stack_differences(fp: p.StackFingerprint, baseline: p.StackFingerprint) -> l
     return diffs
 
 
-def majority_stack(fps: list[p.StackFingerprint]) -> tuple[p.StackFingerprint | None, bool]:
-    """The most common fingerprint, and whether it is a strict majority (not a tie)."""
-    if not fps:
+def majority_hash(hashes: Iterable[str]) -> tuple[str | None, bool]:
+    """The most common stack hash, and whether it is clear (no other hash as common): the fleet's one rule."""
+    counts = Counter(hashes)
+    if not counts:
         return None, False
-    counts = Counter(str(fp.hash) for fp in fps)
     (top, n), *rest = counts.most_common()
-    clear = not rest or rest[0][1] < n
-    return next(fp for fp in fps if str(fp.hash) == top), clear
+    return top, not rest or rest[0][1] < n
+
+
+def majority_stack(fps: list[p.StackFingerprint]) -> tuple[p.StackFingerprint | None, bool]:
+    """The most common fingerprint, and whether it is clear (not a tie)."""
+    top, clear = majority_hash(str(fp.hash) for fp in fps)
+    return next((fp for fp in fps if str(fp.hash) == top), None), clear
 
 
 def judge_stacks(report: PreflightReport, baseline: p.StackFingerprint | None) -> p.StackFingerprint | None:
@@ -219,7 +216,7 @@ def judge_stacks(report: PreflightReport, baseline: p.StackFingerprint | None) -
         try:
             fps[node.name] = to_fingerprint(check.values["fingerprint"])
         except msgspec.ValidationError as exc:
-            node.checks["stack"] = CheckResult(False, f"unreadable stack fingerprint: {exc}")
+            node.checks["stack"] = CheckOutcome(False, f"unreadable stack fingerprint: {exc}")
     clear = True
     if baseline is None:
         baseline, clear = majority_stack(list(fps.values()))
@@ -285,7 +282,7 @@ def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.Action
         node = report.node(name)
         assert node is not None
         if not isinstance(data, dict):
-            node.checks["comm"] = CheckResult(False, str(res.message) or "no answer to the all-reduce test")
+            node.checks["comm"] = CheckOutcome(False, str(res.message) or "no answer to the all-reduce test")
             continue
         per_node[name] = data
         comm.backend = comm.backend or data.get("backend")
@@ -319,12 +316,12 @@ def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.Action
         mine = {k: v for k, v in comm.pairs.items() if name in k.split("~")}
         values = {"busbw_gbps": data.get("world_busbw_gbps"), "pairs": mine, "backend": data.get("backend")}
         if data.get("error"):
-            node.checks["comm"] = CheckResult(False, p.clean_text(str(data["error"]), 300), values)
+            node.checks["comm"] = CheckOutcome(False, p.clean_text(str(data["error"]), 300), values)
         elif name in blamed:
-            node.checks["comm"] = CheckResult(False, "; ".join(blamed[name]), values)
+            node.checks["comm"] = CheckOutcome(False, "; ".join(blamed[name]), values)
         else:
             bw = data.get("world_busbw_gbps")
-            node.checks["comm"] = CheckResult(True, f"{bw} GB/s bus bandwidth over {len(ranks)} nodes ({data.get('backend')})", values)
+            node.checks["comm"] = CheckOutcome(True, f"{bw} GB/s bus bandwidth over {len(ranks)} nodes ({data.get('backend')})", values)
     return comm
 
 
@@ -416,13 +413,13 @@ async def _probe_clock(fleet: Any, name: str) -> tuple[float | None, float | Non
     return best
 
 
-def _checks_from(data: dict[str, Any]) -> dict[str, CheckResult]:
-    checks: dict[str, CheckResult] = {}
+def _checks_from(data: dict[str, Any]) -> dict[str, CheckOutcome]:
+    checks: dict[str, CheckOutcome] = {}
     for name, raw in data.items():
         if not isinstance(raw, dict):
             continue
         values = {k: v for k, v in raw.items() if k not in ("ok", "detail")}
-        checks[str(name)] = CheckResult(bool(raw.get("ok")), p.clean_text(str(raw.get("detail", "")), 300), values)
+        checks[str(name)] = CheckOutcome(bool(raw.get("ok")), p.clean_text(str(raw.get("detail", "")), 300), values)
     return checks
 
 

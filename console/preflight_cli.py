@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from console.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 BAR_WIDTH = 24
 

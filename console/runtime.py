@@ -1,22 +1,35 @@
-"""The console's runtime: the fleet feeding the state store, and the incidents it shows and acts on.
+"""The one engine host: the fleet feeding the state store and the playbook engine, plans run, the loop closed.
 
-The Textual app and ``gridwatch console --headless`` both run one of these. The
-fleet, the incident store and the playbook engine are optional so that the UI
-can be driven by synthetic frames in tests.
+``build_runtime`` makes it from one typed config (:class:`RuntimeOptions`);
+the Textual console, ``gridwatch console --headless`` and ``gridwatch demo``
+all run it. Closing the loop lives here: a restart that meets a job in the
+middle of re-forming is sent again, an incident is marked recovered once the
+job trains past the step it was at when the fault came, and each incident
+keeps its time to detect and to recover. The fleet, the incident store and the
+engine are optional so that the UI can be driven by synthetic frames in tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import getpass
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import msgspec
 from loguru import logger
 
-from agents.protocol import ActionResult, Frame, LogLine, Text
+from agents.protocol import ActionResult, Event, Frame, LogLine, Text
 from console.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
+from playbooks.model import MetricTrigger
+
+if TYPE_CHECKING:
+    from console.config import ClusterConfig
+    from playbooks.engine import Engine
+    from playbooks.plans import Incident, Plan
 
 
 # ------------------------------------------------------------------------ incidents
@@ -49,6 +62,20 @@ class IncidentRow:
     recovered_at: float | None = None
     silenced_until: float | None = None
     audit: list[AuditEntry] = field(default_factory=list)
+    fault_at: float | None = None  # when the fault happened, as near as the console can tell
+    fault_step: int | None = None  # the job's training step then
+
+    @property
+    def detect_s(self) -> float | None:
+        """Time to detect: fault to incident."""
+        return None if self.fault_at is None else max(self.detected_at - self.fault_at, 0.0)
+
+    @property
+    def recover_s(self) -> float | None:
+        """Time to recover: fault to the job training past the step it was at."""
+        if self.fault_at is None or self.recovered_at is None:
+            return None
+        return max(self.recovered_at - self.fault_at, 0.0)
 
 
 class IncidentBackend(Protocol):
@@ -110,13 +137,16 @@ class StoreIncidents:
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def _row(self, rec: Any) -> IncidentRow:
+    @staticmethod
+    def row(rec: Any) -> IncidentRow:
+        """An ``IncidentRecord`` of the store as the view shows it."""
         return IncidentRow(id=rec.id, severity=rec.severity, node=rec.node, title=rec.summary, state=rec.state,
                            detected_at=rec.detected_at, playbook=rec.playbook, acted_at=rec.acted_at,
-                           recovered_at=rec.recovered_at, silenced_until=rec.silenced_until)
+                           recovered_at=rec.recovered_at, silenced_until=rec.silenced_until, fault_at=rec.fault_at,
+                           fault_step=rec.fault_step)
 
     def incidents(self, limit: int = 200) -> list[IncidentRow]:
-        rows = [self._row(rec) for rec in self.store.incidents(limit=limit)]
+        rows = [self.row(rec) for rec in self.store.incidents(limit=limit)]
         # Open first, then newest: what needs the operator is on top.
         order = {"open": 0, "acknowledged": 1, "silenced": 2, "resolved": 3}
         return sorted(rows, key=lambda r: (order.get(r.state, 0), -r.detected_at))
@@ -125,7 +155,7 @@ class StoreIncidents:
         rec = self.store.incident(incident_id)
         if rec is None:
             return None
-        row = self._row(rec)
+        row = self.row(rec)
         row.plan = [f"{s.step} {s.target}: {s.state}" + (f" ({s.outcome})" if s.outcome else "")
                     for s in self.store.steps(incident_id)]
         row.audit = [AuditEntry(a.ts, a.who, a.what, a.why, a.outcome) for a in self.store.audit_log(incident_id)]
@@ -203,30 +233,56 @@ class FleetLike(Protocol):
     def subscribe_logs(self, node: str, on: bool) -> None: ...
 
 
-class Engine(Protocol):
-    """The playbook engine (``playbooks.engine.Engine``): frames and time in, plans out.
-
-    An object with ``feed(node, frame)`` instead (``console.supervise.Supervisor``,
-    which ticks the engine and runs plans itself) is accepted too.
-    """
-
-    def observe(self, source: str, frame: Frame) -> list[Any]: ...
-
-    def tick(self, now: float | None = None) -> list[Any]: ...
-
-
 class PlanRunner(Protocol):
     """The playbook executor (``playbooks.executor.Executor``)."""
 
     async def run(self, plan: Any) -> list[Any]: ...
 
+    async def resume(self) -> list[str]: ...
 
+    async def return_to_service(self, node: str, who: str, reason: str) -> str: ...
+
+    async def close(self) -> None: ...
+
+
+# Agent actions that change the job or the node; a watch-only runtime (a baseline run) does not send these.
+ACTING_ACTIONS: frozenset[str] = frozenset({"isolate", "checkpoint_now", "pause", "restart_from", "leave"})
+# How an agent says its node's trainer has no control socket right now (agents.trainer_link).
+TRAINER_ABSENT = "no trainer is listening"
 # How often writes the incident database refused are tried again.
 STORE_RETRY_S = 5.0
+# Event and log frames remembered for naming the time of the fault behind a new incident.
+_SYMPTOM_MEMORY = 1024
+# A node's own time for a fault is believed only this close before the console saw it (clocks drift).
+_FAULT_SKEW_S = 300.0
+# Plan steps still to come: an incident in this state has not settled yet.
+_UNSETTLED = frozenset({"planned", "running", "awaiting_confirmation"})
+
+
+@dataclass(slots=True)
+class RuntimeHooks:
+    """Who else hears what the runtime does (the demo's lines, a headless console's output); each call stays cheap."""
+
+    plan: list[Callable[[Plan], None]] = field(default_factory=list)
+    action: list[Callable[[str, str, ActionResult], None]] = field(default_factory=list)  # node, action, result
+    frame: list[Callable[[Any, Frame], None]] = field(default_factory=list)  # link, frame
+    link: list[Callable[[Any], None]] = field(default_factory=list)
+    alert: list[Callable[[str | None], None]] = field(default_factory=list)
+    recovered: list[Callable[[IncidentRow], None]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Recovery:
+    """An incident waiting for its job to train past the step it was at when the fault came."""
+
+    incident: str
+    job: str
+    fault_step: int
+    settled_step: int | None = None  # the job's step once its plan had nothing left to run
 
 
 class ConsoleRuntime:
-    """Fleet -> store (+ engine); the operator's actions out, each with who and why."""
+    """Fleet -> store + engine -> plans run -> actions out, each with who and why; and the loop closed."""
 
     def __init__(
         self,
@@ -241,6 +297,13 @@ class ConsoleRuntime:
         read_only: bool = False,
         operator: str = "operator",
         resume_wait: float = 30.0,
+        scheduler: str = "none",
+        acting: bool = True,
+        tick_interval: float = 0.5,
+        action_timeout: float = 30.0,
+        trainer_wait: float = 30.0,
+        retry_every: float = 0.5,
+        stop_wait: float = 0.0,
     ) -> None:
         self.store = store or StateStore()
         self.fleet = fleet
@@ -248,11 +311,24 @@ class ConsoleRuntime:
         self.actor = actor
         self.engine = engine
         self.executor = executor
-        self.plan_store = plan_store  # where plans are recorded when nothing may act on them
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._log_refs: Counter[str] = Counter()
+        self.plan_store = plan_store  # the incident store: plans, faults, recoveries and the audit log
         self.read_only_flag = read_only
         self.operator = operator
+        self.scheduler = scheduler  # what the executor's drain_node tells; the node view says so
+        self.acting = acting  # False: plans run, but no step that changes the job or a node is sent
+        self.tick_interval = tick_interval  # the engine's clock rules, once started
+        self.action_timeout = action_timeout
+        # A restart sent while the job re-forms finds no trainer on the node for a
+        # second or more; it is sent again every ``retry_every`` for ``trainer_wait``.
+        self.trainer_wait = trainer_wait
+        self.retry_every = retry_every
+        self.stop_wait = stop_wait  # how long running plans may finish when the runtime stops
+        self.hooks = RuntimeHooks()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._plans: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self._started = self._stopped = False
+        self._log_refs: Counter[str] = Counter()
         # A resumed plan waits (at most this long) until every link has tried once,
         # so its steps go to connected agents, not to links still dialling.
         self.resume_wait = resume_wait
@@ -263,27 +339,50 @@ class ConsoleRuntime:
         self.alert: str | None = None
         self.store_retry_every = STORE_RETRY_S
         self._store_retried = 0.0
+        # (engine time before, after, the frame's own time) of recent event and log frames.
+        self._symptoms: deque[tuple[float, float, float]] = deque(maxlen=_SYMPTOM_MEMORY)
+        self._recoveries: dict[str, _Recovery] = {}
+
+    # ------------------------------------------------------------ frames in
 
     # Callbacks the fleet calls; they must stay cheap (O(frame)): the UI reads on its own tick.
     def on_frame(self, link: Any, frame: Frame) -> None:
         key = str(link.endpoint)
         self.store.apply(frame, key)
         if self.engine is not None:
+            symptom = isinstance(frame, (Event, LogLine))
+            before = self.engine.clock.now() if symptom else 0.0
             try:
-                feed = getattr(self.engine, "feed", None)
-                if feed is not None:
-                    feed(key, frame)
-                    return
                 plans = self.engine.observe(key, frame)
             except Exception:  # noqa: BLE001 - one bad frame must not stop the stream
                 logger.bind(node=key).exception("playbook engine failed on a frame")
-                return
-            self._run_plans(plans)
+                plans = []
+            if symptom:
+                self._symptoms.append((before, self.engine.clock.now(), frame.ts))
+            if plans:
+                self._launch(plans)
+        for hook in self.hooks.frame:
+            hook(link, frame)
+
+    def on_status(self, link: Any) -> None:
+        hello_name = str(link.hello.node) if getattr(link, "hello", None) is not None else None
+        self.store.set_link(
+            str(link.endpoint), str(link.state), name=hello_name or link.name, error=link.last_error, role=link.role,
+            foreign_frames=link.foreign_frames,
+        )
+        if str(link.state) != "connecting":
+            self._tried.add(str(link.endpoint))
+            if self._all_tried():
+                self._links_tried.set()
+        for hook in self.hooks.link:
+            hook(link)
 
     def set_alert(self, text: str | None) -> None:
         """Raise (or, with None, clear) the console's alert; the incident store calls it when its disk fails."""
         self.alert = text
         self.store.generation += 1
+        for hook in self.hooks.alert:
+            hook(text)
 
     def retry_store(self, force: bool = False) -> None:
         """Try again to write what the incident database refused (every ``store_retry_every`` seconds)."""
@@ -298,48 +397,239 @@ class ConsoleRuntime:
             logger.exception("writing the held incident records failed")
 
     def tick_engine(self) -> None:
-        """Time-based rules (heartbeat lost, ``for:`` windows); the app and the headless loop call it each tick."""
+        """Time-based rules (heartbeat lost, ``for:`` windows) and recoveries; run every ``tick_interval`` once started."""
         self.retry_store()
-        if self.engine is None or hasattr(self.engine, "feed"):
-            return  # a supervisor ticks its engine itself
+        if self.engine is None:
+            return
         try:
-            plans = self.engine.tick(self.store.clock.now())
+            plans = self.engine.tick(self.engine.clock.now())
         except Exception:  # noqa: BLE001 - the console keeps going; the log says why
             logger.exception("playbook engine tick failed")
-            return
-        self._run_plans(plans)
+            plans = []
+        if plans:
+            self._launch(plans)
+        if self._recoveries:
+            self._check_recoveries()
 
-    def _run_plans(self, plans: list[Any]) -> None:
+    async def _tick_forever(self) -> None:
+        while True:
+            self.tick_engine()
+            await asyncio.sleep(self.tick_interval)
+
+    # ----------------------------------------------------------------- plans
+
+    @property
+    def busy(self) -> bool:
+        """A plan is running now."""
+        return bool(self._plans)
+
+    def _launch(self, plans: list[Plan]) -> None:
         for plan in plans:
+            for hook in self.hooks.plan:
+                hook(plan)
+            self._note_fault(plan)
             if self.executor is not None and not self.read_only:
                 task = asyncio.get_running_loop().create_task(self._run_plan(plan))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            elif self.plan_store is not None:
+                self._plans.add(task)
+                task.add_done_callback(self._plans.discard)
+            else:
                 # Read-only: the incident is recorded and shown; nothing acts on it.
-                self.plan_store.save_plan(plan)
+                self._settle(plan.incident.id)
 
-    async def _run_plan(self, plan: Any) -> None:
+    async def _run_plan(self, plan: Plan) -> None:
         assert self.executor is not None
         try:
             await self.executor.run(plan)
         except Exception:  # noqa: BLE001 - recorded by the executor; one plan never stops the console
-            logger.bind(node=str(getattr(plan.incident, "node", ""))).exception("plan failed")
+            logger.bind(node=str(plan.incident.node)).exception("plan for {} failed", plan.incident.id)
+        self._settle(plan.incident.id)
+
+    def _note_fault(self, plan: Plan) -> None:
+        """Keep when the fault came and the job's step then, and start waiting for the job to train past it."""
+        incident = plan.incident
+        fault_at = self._fault_time(incident)
+        step = self.job_step(incident.job)
+        if self.plan_store is not None:
+            try:
+                # The row the fault is kept on (the executor saves the same plan again, changing nothing).
+                self.plan_store.save_plan(plan)
+                self.plan_store.mark_fault(incident.id, fault_at, step)
+            except Exception:  # noqa: BLE001 - the plan still runs; the log says why
+                logger.bind(node=str(incident.node)).exception("cannot record the fault of {}", incident.id)
+                return
+            if step is not None and incident.id not in self._recoveries:
+                self._recoveries[incident.id] = _Recovery(incident.id, incident.job, step)
+
+    def _fault_time(self, incident: Incident) -> float:
+        """When the fault behind ``incident`` happened, as near as the console can tell.
+
+        The node's own time of the event or log line that opened it; for a lost
+        heartbeat, when the node was last heard; for a metric held ``for`` a
+        while, when it began to hold; else when the console opened it.
+        """
+        opened = incident.opened_at
+        assert self.engine is not None
+        if incident.kind == "heartbeat_lost":
+            node = self.engine.nodes.get(incident.node)
+            return min(node.last_seen, opened) if node is not None and node.last_seen else opened
+        for before, after, ts in reversed(self._symptoms):
+            if after < opened:
+                break
+            if before <= opened <= after:
+                return ts if 0 < ts <= opened and opened - ts < _FAULT_SKEW_S else opened
+        playbook = next((pb for pb in self.engine.playbooks if pb.name == incident.playbook), None)
+        if playbook is not None and isinstance(playbook.trigger, MetricTrigger):
+            return opened - playbook.trigger.condition.hold
+        return opened
+
+    def job_step(self, job: str = "") -> int | None:
+        """The step ``job`` has trained to: the most advanced trainer among its nodes still in it."""
+        if self.engine is None:
+            summary = self.store.training()
+            return summary.status.step if summary is not None else None
+        steps = [n.trainer_step for n in self.engine.nodes.values()
+                 if n.trainer_step is not None and not n.out and not n.lost and (not job or not n.job or n.job == job)]
+        return max(steps) if steps else None
+
+    def _settle(self, incident_id: str) -> None:
+        """Its plan has nothing left to run (or waits for an operator): from here the job must train past the fault."""
+        watch = self._recoveries.get(incident_id)
+        if watch is None or watch.settled_step is not None:
+            return
+        if self.executor is not None and not self.read_only and self.plan_store is not None:
+            if any(s.state in _UNSETTLED for s in self.plan_store.steps(incident_id)):
+                return
+        now_step = self.job_step(watch.job)
+        # Steps reported before a restore can still be in the store: the job must pass those too.
+        watch.settled_step = max(watch.fault_step, now_step if now_step is not None else watch.fault_step)
+
+    def _check_recoveries(self) -> None:
+        assert self.plan_store is not None
+        now = self.store.clock.now()
+        for watch in list(self._recoveries.values()):
+            if watch.settled_step is None:
+                continue
+            step = self.job_step(watch.job)
+            if step is None or step <= watch.settled_step:
+                continue
+            del self._recoveries[watch.incident]
+            try:
+                self.plan_store.mark_recovered(watch.incident, now)
+                rec = self.plan_store.incident(watch.incident)
+            except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+                logger.exception("cannot mark {} recovered", watch.incident)
+                continue
+            if rec is None:
+                continue
+            row = StoreIncidents.row(rec)
+            logger.bind(node=rec.node).info("incident {} recovered: the job trains at step {} (fault at step {}), "
+                                            "detected in {}, recovered in {}", rec.id, step, watch.fault_step,
+                                            _seconds(row.detect_s), _seconds(row.recover_s))
+            for hook in self.hooks.recovered:
+                hook(row)
+
+    def _rewatch(self) -> None:
+        """After a restart: incidents that had not recovered yet are waited on again."""
+        if self.plan_store is None or self.engine is None:
+            return
+        for rec in self.plan_store.incidents(states=("open", "acknowledged", "silenced")):
+            if rec.fault_step is not None and rec.recovered_at is None and rec.id not in self._recoveries:
+                incident = self.plan_store.stored_incident(rec.id)
+                self._recoveries[rec.id] = _Recovery(rec.id, incident.job if incident else "", rec.fault_step)
+                self._settle(rec.id)
+
+    # ------------------------------------------------------------ actions out
 
     async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
-        """The executor's action sink: the same path, and the same read-only check, as the operator's."""
-        return await self.node_action(node, action, reason, args)
+        """The executor's action sink: a playbook step to one node, with the same read-only check as the operator's.
 
-    def on_status(self, link: Any) -> None:
-        hello_name = str(link.hello.node) if getattr(link, "hello", None) is not None else None
-        self.store.set_link(
-            str(link.endpoint), str(link.state), name=hello_name or link.name, error=link.last_error, role=link.role,
-            foreign_frames=link.foreign_frames,
-        )
-        if str(link.state) != "connecting":
-            self._tried.add(str(link.endpoint))
-            if self._all_tried():
-                self._links_tried.set()
+        A restart that finds the node's trainer between two lives (the job
+        re-forming after a node left) is sent again until it answers or
+        ``trainer_wait`` runs out.
+        """
+        args = self._with_checkpoint_step(action, args)
+        if not self.acting and action in ACTING_ACTIONS:
+            result = ActionResult(id=Text(""), action=Text(action), ok=False, node=Text(node),
+                                  message=Text("not sent: playbooks only watch in this run"))
+        else:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.trainer_wait
+            while True:
+                result = await self._send(node, action, args, reason)
+                if (result.ok or action != "restart_from" or TRAINER_ABSENT not in str(result.message)
+                        or loop.time() >= deadline):
+                    break
+                await asyncio.sleep(self.retry_every)
+        for hook in self.hooks.action:
+            hook(node, action, result)
+        return result
+
+    def _with_checkpoint_step(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A restart the engine named no common checkpoint for gets the newest any trainer reports.
+
+        Every node gets the same step (a node that just rejoined may still show
+        its old process's checkpoints); the trainer falls back to its own rule
+        when that step does not validate.
+        """
+        if action != "restart_from" or "step" in args:
+            return args
+        steps = sorted({s for n in self.store.nodes.values() if n.trainer is not None
+                        for s in n.trainer.checkpoints.values()})
+        if args.get("checkpoint") == "before" and args.get("before_step") is not None:
+            steps = [s for s in steps if s < int(args["before_step"])]
+        return {**args, "step": steps[-1]} if steps else args
+
+    async def _send(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        if self.read_only:
+            return _refused(node, action, "this console is read-only")
+        if self.fleet is None:
+            return _refused(node, action, "no fleet connected")
+        try:
+            return await self.fleet.action(node, action, args, reason=reason, timeout=self.action_timeout)
+        except Exception as exc:  # noqa: BLE001 - the operator sees why, the screen keeps going
+            return _refused(node, action, f"{type(exc).__name__}: {exc}")
+
+    async def node_action(self, node: str, action: str, reason: str, args: dict | None = None,
+                          who: str | None = None) -> ActionResult:
+        """An operator's action on one node, audited before and after like a playbook step; refused when read-only.
+
+        A node put back in service (``unisolate``) is handed back to the
+        scheduler too, when the drain there is gridwatch's.
+        """
+        who = who or self.operator
+        if self.read_only:
+            return _refused(node, action, "this console is read-only")
+        what = f"{action} on {node}" + (f" {msgspec.json.encode(args).decode()}" if args else "")
+        logger.bind(node=node).info("action {} by {}: {}", action, who, reason)
+        self._audit(who, what, reason, "before", "")
+        result = await self._send(node, action, dict(args or {}), reason)
+        self._audit(who, what, reason, "after", f"{'done' if result.ok else 'failed'}: {result.message}")
+        if result.ok and action == "unisolate" and self.executor is not None:
+            try:
+                told = await self.executor.return_to_service(node, who, reason)
+            except Exception as exc:  # noqa: BLE001 - the node is back either way; the operator sees why
+                logger.bind(node=node).exception("return to service of {} failed", node)
+                told = f"the scheduler was not told: {type(exc).__name__}: {exc}"
+            result = msgspec.structs.replace(result, message=Text(f"{result.message}; scheduler: {told}"))
+        return result
+
+    def _audit(self, who: str, what: str, why: str, phase: str, outcome: str) -> None:
+        if self.plan_store is None:
+            return
+        try:
+            self.plan_store.audit(who, what, why, phase=phase, outcome=outcome)
+        except Exception:  # noqa: BLE001 - the action still goes; the log says why
+            logger.exception("cannot audit {}", what)
+
+    def resolve(self, incident_id: str, why: str, who: str | None = None) -> None:
+        """Done with an incident: the store says so and the engine opens a new one for the next symptom."""
+        self._check_changes("resolve")
+        if self.engine is not None:
+            self.engine.resolve(incident_id)
+        if self.plan_store is not None:
+            self.plan_store.resolve(incident_id, who or self.operator, why)
+
+    # -------------------------------------------------------------- lifecycle
 
     def _all_tried(self) -> bool:
         links = getattr(self.fleet, "links", None)
@@ -358,12 +648,18 @@ class ConsoleRuntime:
         return bool(roles) and "operator" not in roles
 
     async def start(self) -> None:
+        """Connect, tick the engine, and carry on what a previous console left half-done (once; later calls do nothing)."""
+        if self._started:
+            return
+        self._started = True
         if self.fleet is not None:
             await self.fleet.start()
-        resume = getattr(self.executor, "resume", None)
-        if resume is not None and not self.read_only_flag:
+        if self.engine is not None and self.tick_interval > 0:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        self._rewatch()
+        if self.executor is not None and not self.read_only_flag:
             # Plans a previous console left half-done carry on (steps already run are not repeated).
-            task = asyncio.get_running_loop().create_task(self._resume(resume))
+            task = asyncio.get_running_loop().create_task(self._resume(self.executor.resume))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -379,12 +675,28 @@ class ConsoleRuntime:
             resumed = await resume()
             if resumed:
                 logger.info("resumed {} unfinished plans", len(resumed))
+            for incident_id in resumed or ():
+                self._settle(incident_id)
         except Exception:  # noqa: BLE001 - the console keeps going; the log says why
             logger.exception("resuming unfinished plans failed")
 
-    async def stop(self) -> None:
-        for task in list(self._tasks):
+    async def stop(self, wait: float | None = None) -> None:
+        """Stop ticking, give running plans ``wait`` seconds (default ``stop_wait``), then cancel them and disconnect."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        wait = self.stop_wait if wait is None else wait
+        if self._plans and wait > 0:
+            await asyncio.wait(set(self._plans), timeout=wait)
+        pending = [*self._plans, *self._tasks]
+        for task in pending:
             task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self.executor is not None:
+            await self.executor.close()  # pending drain retries stop; they stay pending in the store for the next console
         if self.fleet is not None:
             await self.fleet.stop()
         self.retry_store(force=True)  # a last try for records the disk refused
@@ -404,18 +716,6 @@ class ConsoleRuntime:
             state.logs_subscribed = after > 0
         if self.fleet is not None:
             self.fleet.subscribe_logs(node, after > 0)
-
-    async def node_action(self, node: str, action: str, reason: str, args: dict | None = None) -> ActionResult:
-        """Send an operator action to one node; refused here when read-only."""
-        if self.read_only:
-            return _refused(node, action, "this console is read-only")
-        if self.fleet is None:
-            return _refused(node, action, "no fleet connected")
-        logger.bind(node=node).info("action {} by {}: {}", action, self.operator, reason)
-        try:
-            return await self.fleet.action(node, action, args or {}, reason=reason)
-        except Exception as exc:  # noqa: BLE001 - the operator sees why, the screen keeps going
-            return _refused(node, action, f"{type(exc).__name__}: {exc}")
 
     async def search(self, pattern: str, nodes: list[str] | None, since: float | None, until: float | None,
                      on_progress: Callable[[int, int], None] | None = None) -> list[LogLine]:
@@ -459,13 +759,20 @@ class ConsoleRuntime:
         self._check_changes("act")
         if self.actor is None:
             return "no playbook executor is attached to this console"
-        return await self.actor.act(incident_id, self.operator, why)
+        outcome = await self.actor.act(incident_id, self.operator, why)
+        self._settle(incident_id)
+        return outcome
 
     def _check_changes(self, what: str) -> None:
         if self.read_only:
             raise PermissionError(f"cannot {what}: this console is read-only")
-        if self.incidents is None and what != "act":
+        store = self.plan_store if what == "resolve" else self.incidents
+        if store is None and what != "act":
             raise PermissionError(f"cannot {what}: no incident store is attached")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 class _ConnectedLinks:
@@ -498,13 +805,12 @@ def _refused(node: str, action: str, message: str) -> ActionResult:
                         node=Text(node))
 
 
-
 # --------------------------------------------------------------------------- wiring
 
 
 @dataclass(slots=True)
 class RuntimeOptions:
-    """Everything ``gridwatch console`` needs to build a runtime."""
+    """The one typed config of a runtime: what ``gridwatch console`` and ``gridwatch demo`` build it from."""
 
     endpoints: list[Any]
     key_path: str
@@ -513,12 +819,44 @@ class RuntimeOptions:
     read_only: bool = False
     operator: str = "operator"
     playbook_paths: list[str] = field(default_factory=list)
+    scheduler: str = "none"  # none | slurm | kubernetes: what drain_node tells
     connect_timeout: float = 5.0
+    backoff_max: float = 30.0  # longest wait between two tries to reach an agent
     resume_wait: float = 30.0  # how long resumed plans wait for the links to come up
+    tick_interval: float = 0.5  # the engine's clock rules and the recovery check
+    acting: bool = True  # False: incidents are made, no step that changes the job or a node is sent
+    skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
+    stop_wait: float = 0.0  # how long running plans may finish when the runtime stops
+    etcd: list[str] = field(default_factory=list)  # reserved (which console acts); kept, not used yet
+
+    @classmethod
+    def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
+        """The runtime a cluster.toml describes; ``overrides`` are what a command line or the demo says instead.
+
+        Raises ValueError with a one-line reason when the nodes, key or known_hosts cannot be used.
+        """
+        from console.hostlist import HostlistError, parse_endpoints
+
+        if "endpoints" not in overrides:
+            try:
+                overrides["endpoints"] = parse_endpoints(config.node_spec)
+            except HostlistError as exc:
+                raise ValueError(f"nodes: {exc}") from None
+        key = overrides.pop("key_path", None) or config.key
+        known = overrides.pop("known_hosts", None) or config.known_hosts
+        if not key:
+            raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
+        if not known:
+            raise ValueError("no known_hosts: give --known-hosts PATH (or known_hosts = ... in cluster.toml)")
+        base = cls(endpoints=overrides.pop("endpoints"), key_path=key, known_hosts=known, db_path=config.db,
+                   read_only=config.read_only, operator=config.operator or getpass.getuser(),
+                   playbook_paths=config.playbook_paths, scheduler=config.scheduler,
+                   connect_timeout=config.connect_timeout, etcd=list(config.etcd))
+        return dataclasses.replace(base, **overrides)
 
 
 def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> ConsoleRuntime:
-    """The real thing: fleet over SSH, SQLite incidents, the playbook engine and executor.
+    """The real thing: fleet over SSH, SQLite incidents, the playbook engine and executor, in one runtime.
 
     Raises ValueError with a one-line reason when the database or a playbook cannot be used.
     """
@@ -527,17 +865,17 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     from console.fleet import Fleet, FleetOptions
     from playbooks.engine import Engine as PlaybookEngine
     from playbooks.executor import Executor
-    from playbooks.loader import load, load_builtin
+    from playbooks.loader import load_with_builtin
+    from playbooks.model import SCHEDULERS
     from playbooks.store import IncidentStore, StoreError
 
+    if options.scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {options.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
     clock = clock or SystemClock()
     store = StateStore(clock)
-    playbooks = list(load_builtin())
-    if options.playbook_paths:
-        result = load(options.playbook_paths)
-        if not result.ok:
-            raise ValueError(f"playbooks: {'; '.join(map(str, (*result.errors, *result.unreadable)))}")
-        playbooks.extend(result.playbooks)
+    result = load_with_builtin(options.playbook_paths, options.skip_playbooks)
+    if not result.ok:
+        raise ValueError(f"playbooks: {'; '.join(map(str, (*result.errors, *result.unreadable)))}")
     db_path = options.db_path or ":memory:"
     try:
         incident_store = IncidentStore(db_path, clock)
@@ -545,22 +883,24 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
         raise ValueError(str(exc)) from None
     except sqlite3.Error as exc:
         raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
-    engine = PlaybookEngine(playbooks, clock)
+    engine = PlaybookEngine(result.playbooks, clock)
     # A restarted console takes back its open incidents and guard memory, so it
     # does not act a second time on a fault it already handled.
     engine.seed_from(incident_store)
     runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=engine,
                              plan_store=incident_store, read_only=options.read_only, operator=options.operator,
-                             resume_wait=options.resume_wait)
+                             resume_wait=options.resume_wait, scheduler=options.scheduler, acting=options.acting,
+                             tick_interval=options.tick_interval, stop_wait=options.stop_wait)
     incident_store.on_trouble = runtime.set_alert
     if incident_store.bad_rows:
         runtime.set_alert(f"{len(incident_store.bad_rows)} unreadable rows skipped in {db_path} "
                           f"(first: {incident_store.bad_rows[0]})")
-    executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store))
+    executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store),
+                        scheduler=options.scheduler)
     runtime.executor = executor
     runtime.actor = ExecutorActor(executor, incident_store)
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
-                                 connect_timeout=options.connect_timeout)
+                                 connect_timeout=options.connect_timeout, backoff_max=options.backoff_max)
     runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)
     for endpoint in options.endpoints:
         store.set_link(str(endpoint), "connecting")

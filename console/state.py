@@ -24,11 +24,17 @@ from agents.protocol import (
     Hello,
     LogLine,
     Sample,
+    SEVERITIES,
+    STALE_AFTER_INTERVALS,
+    Severity,
     TrainerStatus,
     clean_text,
 )
+from agents.protocol import severity_rank as _known_rank
+from playbooks import durations
 from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
 from console.hostlist import HostlistError, expand
+from console.preflight import majority_hash
 
 HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
 NODE_EVENTS = 200
@@ -36,13 +42,7 @@ NODE_LOG_LINES = 1000
 FLEET_EVENTS = 10_000
 FLEET_LOG_LINES = 5_000
 LOSS_POINTS = 2_000
-STALE_INTERVALS = 3  # "heartbeat lost": no frame within three sampling intervals
 NAN = float("nan")
-
-
-# ----------------------------------------------------------------------------- clock
-
-
 
 
 # --------------------------------------------------------------------------- history
@@ -410,9 +410,6 @@ class TrainingSummary:
 # ------------------------------------------------------------------------ log query
 
 
-SEVERITIES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
-
-
 class QueryError(ValueError):
     """A logs query that cannot be used; the message says which part and why."""
 
@@ -432,16 +429,12 @@ class LogQuery:
         return self.pattern.pattern if self.pattern else ""
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise QueryError(f"bad duration {text!r} (expected e.g. 30s, 10m, 2h)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    """``500ms``, ``90``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds: the playbooks' grammar, as a QueryError."""
+    try:
+        return durations.parse_duration(text)
+    except ValueError as exc:
+        raise QueryError(str(exc)) from None
 
 
 def parse_log_query(text: str) -> LogQuery:
@@ -474,11 +467,9 @@ def parse_log_query(text: str) -> LogQuery:
 
 
 def severity_rank(severity: str) -> int:
-    """Unknown severities from newer agents rank as warnings: shown, not dropped."""
-    try:
-        return SEVERITIES.index(severity)
-    except ValueError:
-        return SEVERITIES.index("warning")
+    """The playbooks' ranking, except that an unknown severity from a newer agent ranks as a warning: shown, not dropped."""
+    rank = _known_rank(severity)
+    return rank if rank >= 0 else _known_rank(Severity.WARNING)
 
 
 @dataclass(slots=True)
@@ -683,10 +674,10 @@ class StateStore:
         return self.nodes.get(key)
 
     def majority_stack(self) -> str | None:
-        """The software stack hash most nodes report; recomputed only after a Hello."""
+        """The software stack hash most nodes report (None on a tie, as pre-flight judges); recomputed only after a Hello."""
         if self._stack_dirty:
-            counts = Counter(n.stack_hash for n in self.nodes.values() if n.stack_hash)
-            self._majority = counts.most_common(1)[0][0] if counts else None
+            top, clear = majority_hash(n.stack_hash for n in self.nodes.values() if n.stack_hash)
+            self._majority = top if clear else None
             self._stack_dirty = False
         return self._majority
 
@@ -701,7 +692,7 @@ class StateStore:
         if node.last_frame_at is None:
             return NodeStatus.CONNECTING
         now = self.clock.now() if now is None else now
-        if node.link == "stale" or now - node.last_frame_at > STALE_INTERVALS * node.interval:
+        if node.link == "stale" or now - node.last_frame_at > STALE_AFTER_INTERVALS * node.interval:
             return NodeStatus.STALE
         return NodeStatus.OK
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import os
 import signal
 import sys
-import tomllib
 from pathlib import Path
 
-from console.cli import EXIT_ERROR, EXIT_OK
-from console.commands import add_target_options, resolve_targets
+from agents.exitcodes import EXIT_ERROR, EXIT_OK
+from console.commands import add_target_options, cluster_config, resolve_targets
+from playbooks.model import SCHEDULERS
 
 EPILOG = """\
 cluster.toml (paths are relative to the file):
@@ -22,6 +21,11 @@ cluster.toml (paths are relative to the file):
   db = "incidents.db"                 # optional: incidents, steps and audit log (SQLite)
   read_only = false                   # optional: never act, even with an operator key
   playbooks = ["playbooks/"]          # optional: more playbook files or folders
+  scheduler = "slurm"                 # optional: none (default) | slurm | kubernetes, for drain_node
+  operator = "alice"                  # optional: who you are in the audit log (default: your login)
+  connect_timeout = 5.0               # optional: seconds to reach an agent before trying again
+  etcd = ["http://10.0.0.1:2379"]     # reserved: which of several consoles acts (not used yet)
+An unknown key or a wrong type is one line naming the file and the key; exit 2.
 
 keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME)
       / filter   enter open   esc back   ctrl+p command palette   q quit
@@ -43,39 +47,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--db", metavar="PATH", help=f"incident database (default {default_db()})")
     ap.add_argument("--playbooks", metavar="PATH", action="append", default=[], help="more playbooks (repeatable)")
     ap.add_argument("--operator", metavar="NAME", help="who you are in the audit log (default: your login)")
+    ap.add_argument("--scheduler", choices=SCHEDULERS,
+                    help="what a playbook's drain_node step tells (default: cluster.toml's, else none)")
     ap.add_argument("--duration", type=float, metavar="S", help="headless: stop after S seconds")
     ap.set_defaults(func=_console)
 
 
-def _cluster_extras(args: argparse.Namespace) -> dict:
-    if not args.cluster:
-        return {}
-    data = tomllib.loads(Path(args.cluster).read_text())  # already read once by resolve_targets
-    base = Path(args.cluster).parent
-    extras = {"read_only": bool(data.get("read_only", False))}
-    if "db" in data:
-        extras["db"] = str(base / data["db"])
-    books = data.get("playbooks", [])
-    extras["playbooks"] = [str(base / b) for b in ([books] if isinstance(books, str) else books)]
-    return extras
-
-
 def _console(args: argparse.Namespace) -> int:
+    from console.config import ClusterConfig
     from console.runtime import RuntimeOptions, build_runtime
 
     try:
         endpoints, key, known = resolve_targets(args)
-        extras = _cluster_extras(args)
-        db = args.db or extras.get("db") or default_db()
+        config = cluster_config(args) or ClusterConfig(nodes=args.nodes)
+        db = args.db or config.db or default_db()
         # The database says which nodes failed how and who did what: a folder of its own, private.
         Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        options = RuntimeOptions(
-            endpoints=endpoints, key_path=key, known_hosts=known, db_path=db,
-            read_only=args.read_only or extras.get("read_only", False),
-            operator=args.operator or getpass.getuser(),
-            playbook_paths=[*extras.get("playbooks", []), *args.playbooks],
-        )
-        runtime = build_runtime(options)
+        overrides: dict = {"endpoints": endpoints, "key_path": key, "known_hosts": known, "db_path": db,
+                           "read_only": args.read_only or config.read_only,
+                           "playbook_paths": [*config.playbook_paths, *args.playbooks]}
+        if args.operator:
+            overrides["operator"] = args.operator
+        if args.scheduler:
+            overrides["scheduler"] = args.scheduler
+        runtime = build_runtime(RuntimeOptions.from_cluster(config, **overrides))
     except (ValueError, OSError) as exc:
         print(f"gridwatch console: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -87,7 +82,13 @@ def _console(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     from loguru import logger
 
-    from console.app import GridwatchApp
+    try:
+        from console.app import GridwatchApp
+    except ImportError as exc:
+        # A node's install has no textual: say what to install rather than show a traceback.
+        print(f"gridwatch console: the screen cannot start ({exc}); install gridwatch[console], or use --headless",
+              file=sys.stderr)
+        return EXIT_ERROR
 
     # The screen is the terminal: logs would scribble over it.
     logger.remove()
@@ -96,7 +97,8 @@ def _console(args: argparse.Namespace) -> int:
 
 
 async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a ConsoleRuntime
-    """Print link changes and new incidents as they happen; a summary line when the count changes, or each minute."""
+    """Print link changes, new incidents and recoveries as they happen; a summary line when the count
+    changes, or each minute. The runtime ticks its engine itself, as under the screen."""
     from agents.protocol import clean_text
     from console.commands import clean_logs
     from console.widgets.status_bar import format_age
@@ -104,6 +106,16 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
     clean_logs()
     for note in getattr(runtime.plan_store, "bad_rows", []):
         print(f"gridwatch console: skipped a bad row: {note}", file=sys.stderr, flush=True)
+
+    def recovered(row) -> None:  # noqa: ANN001 - an IncidentRow
+        detect = "-" if row.detect_s is None else f"{row.detect_s:.1f} s"
+        print(clean_text(f"incident {row.id} recovered: the job trains past step {row.fault_step}; "
+                         f"detected in {detect}, recovered in {row.recover_s:.1f} s"), flush=True)
+
+    runtime.hooks.recovered.append(recovered)
+    links = len(getattr(runtime.fleet, "links", {}) or {})
+    print(clean_text(f"console: {links} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
+                     + (", read-only" if runtime.read_only_flag else "")), flush=True)
     await runtime.start()
     store = runtime.store
     alert: str | None = None
@@ -119,7 +131,6 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
     last_counts: tuple[int, int] | None = None
     try:
         while not stop.is_set() and (duration is None or loop.time() - started < duration):
-            runtime.tick_engine()
             if runtime.alert != alert:
                 alert = runtime.alert
                 print(f"ALERT: {alert}" if alert else "alert cleared", file=sys.stderr, flush=True)

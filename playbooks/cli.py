@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,9 @@
-"""Clocks the engine and executor ask for the time, so tests can advance it."""
+"""Clocks the engine, executor and console ask for the time, so tests can advance it.
+
+Both clocks are also callables (``clock()`` is ``clock.now()``): code that takes a
+``Callable[[], float]`` (the agent's sources, the trainer's guards) accepts them, so
+one :class:`ManualClock` drives every part of a test.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def __call__(self) -> float:
+        return self.now()
+
 
 class ManualClock:
     """A clock that moves only when told: replay and tests drive it."""
@@ -26,6 +34,9 @@ class ManualClock:
         self._now = start
 
     def now(self) -> float:
+        return self._now
+
+    def __call__(self) -> float:
         return self._now
 
     def set(self, when: float) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from loguru import logger
 
-from agents.protocol import Event, Frame, Hello, LogLine, Sample
+from agents.protocol import STALE_AFTER_INTERVALS, Event, Frame, Hello, LogLine, Sample, severity_rank
 from playbooks.clock import Clock
 from playbooks.guards import GuardLedger, apply_guards
 from playbooks.model import (
@@ -31,7 +31,6 @@ from playbooks.model import (
     LogTrigger,
     MetricTrigger,
     Playbook,
-    severity_rank,
 )
 from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 
@@ -40,10 +39,15 @@ if TYPE_CHECKING:
     from playbooks.store import IncidentStore
 
 # A node is gone for job-wide steps after this many hello intervals of silence.
-LOST_AFTER_INTERVALS = 3.0
 # A restart planned this soon after another, which already left the node out,
 # would only restart the job a second time for the same event.
 RESTART_COALESCE = 60.0
+# A report that blames another node (``target: detail:...``) counts once this
+# many distinct nodes made it: every rank of a job reports its straggler, and
+# one agent alone must not get a healthy node isolated.
+BLAME_REPORTERS = 2
+BLAME_WINDOW = 60.0  # seconds the reports of one step may lie apart, at least (a trigger's ``within`` if longer)
+_BLAME_SWEEP = 4096  # above this many blamed (node, step)s, stale ones are forgotten
 _HISTORY = 1000  # closed incidents kept for the console and replay summaries
 
 
@@ -63,6 +67,7 @@ class NodeState:
     lost: bool = False
     trainer_step: int | None = None
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
+    members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
     boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run
     last_ident: str = ""  # identity of the last frame it sent (what a lost heartbeat is named after)
     hello_ident: str = ""  # identity of its last hello (what a stack mismatch is named after)
@@ -109,6 +114,8 @@ class Engine:
         self.ledger = GuardLedger()
         self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
         self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
+        # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
+        self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
 
     # ----------------------------------------------------------------- input
 
@@ -161,6 +168,7 @@ class Engine:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step
                 node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
+                node.members = frozenset(str(m) for m in frame.trainer.membership)
             plans += self._match_metrics(node, frame, now)
         elif isinstance(frame, Event):
             if frame.kind == "isolated":
@@ -187,7 +195,7 @@ class Engine:
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
         for node in self.nodes.values():
-            node.lost = now - node.last_seen > LOST_AFTER_INTERVALS * node.interval
+            node.lost = now - node.last_seen > STALE_AFTER_INTERVALS * node.interval
         for node in list(self.nodes.values()):
             silent = now - node.last_seen
             for pb in self.playbooks:
@@ -309,6 +317,8 @@ class Engine:
             if target is None:
                 logger.bind(node=node.name).debug("{}: {} names no node we know; not counted", pb.name, summary)
                 continue
+            if target != node.name and not self._corroborated(pb, trig, node, target, symptom, now):
+                continue
             if self._persists(pb, trig, _Symptom(target, symptom.gpu, "", symptom.details), now):
                 plans += self._symptom(pb, symptom, now)
         return plans
@@ -323,6 +333,33 @@ class Engine:
             return symptom.node
         named = symptom.details.get(pb.target.split(":", 1)[1], "")
         return named if named in self.nodes else None
+
+    def _corroborated(self, pb: Playbook, trig: EventTrigger, reporter: NodeState, blamed: str,
+                      symptom: _Symptom, now: float) -> bool:
+        """Whether a report by ``reporter`` blaming ``blamed`` may count: said by enough distinct nodes.
+
+        A node never blames one outside its own trainer's members (when its
+        trainer says who they are); and one report, however often repeated,
+        is one node's word: it counts once :data:`BLAME_REPORTERS` nodes said
+        the same (the same step, for a playbook counting distinct steps).
+        """
+        log = logger.bind(node=reporter.name)
+        if reporter.members and blamed not in reporter.members:
+            log.debug("{}: blames {}, which is not in its trainer's job; not counted", pb.name, blamed)
+            return False
+        mark = symptom.details.get(trig.distinct, "") if trig.distinct else ""
+        window = max(trig.within, BLAME_WINDOW)
+        if len(self._blamers) > _BLAME_SWEEP:
+            self._blamers = {k: who for k, who in self._blamers.items() if now - max(who.values()) <= window}
+        said = self._blamers.setdefault((pb.name, blamed, mark), {})
+        said[reporter.name] = now
+        for name, when in list(said.items()):
+            if now - when > window:
+                del said[name]
+        if len(said) < BLAME_REPORTERS:
+            log.debug("{}: {} blamed by {} alone so far; not counted yet", pb.name, blamed, reporter.name)
+            return False
+        return True
 
     def _persists(self, pb: Playbook, trig: EventTrigger, about: _Symptom, now: float) -> bool:
         """True once the reports about one scope are many, spread and dense enough (see EventTrigger)."""

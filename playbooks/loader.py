@@ -75,6 +75,34 @@ def load_builtin() -> tuple[Playbook, ...]:
     return result.playbooks
 
 
+def load_with_builtin(paths: Iterable[str | Path], skip: Iterable[str] = ()) -> LoadResult:
+    """The shipped playbooks (less those named in ``skip``) plus the user's under ``paths``, checked as one set.
+
+    A user playbook may not take a shipped playbook's name unless it says so
+    with ``replaces: NAME``; then it is used instead of that one. ``replaces``
+    must name a shipped playbook. Naming an unknown one in ``skip`` is an error.
+    """
+    shipped = {pb.name: pb for pb in load_builtin()}
+    unknown = sorted(set(skip) - set(shipped))
+    if unknown:
+        return LoadResult(unreadable=(f"no shipped playbook named {', '.join(unknown)} to leave out "
+                                      f"(shipped: {', '.join(sorted(shipped))})",))
+    user = load(list(paths)) if paths else LoadResult()
+    errors = list(user.errors)
+    replaced: set[str] = set()
+    for pb in user.playbooks:
+        if pb.replaces is not None and pb.replaces not in shipped:
+            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook {pb.name!r} replaces {pb.replaces!r}, "
+                                        "which is not a shipped playbook"))
+        elif pb.name in shipped and pb.replaces != pb.name:
+            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook name {pb.name!r} is a shipped playbook's; "
+                                        f"add 'replaces: {pb.name}' to use yours instead, or rename it"))
+        elif pb.replaces is not None:
+            replaced.add(pb.replaces)
+    kept = tuple(pb for name, pb in shipped.items() if name not in replaced and name not in set(skip))
+    return LoadResult(kept + user.playbooks, tuple(errors), user.unreadable)
+
+
 @dataclass
 class PlaybookLibrary:
     """The playbook set the console runs. A reload that finds any error changes nothing."""

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal, Union
 
+from agents.protocol import STALE_AFTER_INTERVALS
 from playbooks.metrics import MetricCondition
 
 Scope = Literal["gpu", "node", "job"]
 SCOPES: tuple[str, ...] = ("gpu", "node", "job")
-SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")  # mildest first
-
-
-def severity_rank(severity: str) -> int:
-    """Higher is worse; an unknown severity ranks below every known one."""
-    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
 
 
 # Steps a plan may hold, in the operator's words. The executor maps each to an
@@ -41,7 +37,16 @@ ACTING_STEPS: frozenset[str] = frozenset(
 # Steps that act on the whole job: sent to every live node that is not isolated.
 JOB_STEPS: frozenset[str] = frozenset({"checkpoint_now", "restart_from_checkpoint", "pause_training"})
 
-SCHEDULERS: tuple[str, ...] = ("none", "slurm", "kubernetes")
+
+class SchedulerKind(StrEnum):
+    """Which workload scheduler ``drain_node`` tells (``scheduler =`` in cluster.toml, ``--scheduler``)."""
+
+    NONE = "none"
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
+SCHEDULERS: tuple[str, ...] = tuple(kind.value for kind in SchedulerKind)
 CONDITIONS: tuple[str, ...] = ("heartbeat_lost", "stack_mismatch")
 WAIT_CONDITIONS: tuple[str, ...] = ("heartbeat", "isolated", "training", "checkpoint")
 TARGETS: tuple[str, ...] = ("self", "cause")
@@ -93,7 +98,7 @@ class ConditionTrigger:
     """Conditions the console computes itself: a lost heartbeat, a stack that differs."""
 
     condition: str
-    missed: float = 3.0  # heartbeat lost after this many hello intervals without a frame
+    missed: float = STALE_AFTER_INTERVALS  # heartbeat lost after this many hello intervals without a frame
 
 
 Trigger = Union[EventTrigger, MetricTrigger, LogTrigger, ConditionTrigger]
@@ -147,6 +152,7 @@ class Playbook:
     target: str = "self"  # self | cause | detail:<key>
     settle: float = 0.0  # gather symptoms this long before planning
     dedup_window: float = 600.0  # an open incident absorbs new symptoms until quiet this long
+    replaces: str | None = None  # the shipped playbook this one is used instead of
     source: str = ""
     line: int = 0
 

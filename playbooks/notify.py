@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import urllib.request
 from dataclasses import dataclass
+from typing import Protocol
 
 from loguru import logger
 
@@ -18,21 +21,40 @@ class CommandOutcome:
     output: str
 
 
+class CommandRunner(Protocol):
+    """Runs an argv (no shell) within ``timeout`` seconds and says how it went."""
+
+    async def run(self, argv: list[str], timeout: float) -> CommandOutcome: ...
+
+
 class SubprocessRunner:
-    """Runs an argv list with a timeout, never through a shell."""
+    """Runs an argv list with a timeout, never through a shell.
+
+    The command runs in a process group of its own. However the wait ends (its
+    timeout, or the caller's: a step's deadline cancels this coroutine), the
+    whole group is killed and reaped before this returns, so nothing it started
+    acts after the audit says the step is over.
+    """
 
     async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
         )
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+        except BaseException:
+            _kill_group(proc.pid)
+            await asyncio.shield(proc.wait())
             raise
         return CommandOutcome(proc.returncode or 0, out.decode("utf-8", "replace")[-2000:])
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def fill(template: str, incident: Incident, step: PlannedStep, text: str) -> str:

@@ -16,14 +16,13 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from agents.protocol import EVENT_KINDS
+from agents.protocol import EVENT_KINDS, SEVERITIES, STALE_AFTER_INTERVALS
 from playbooks.durations import parse_duration
 from playbooks.metrics import parse_condition
 from playbooks.model import (
     CONDITIONS,
     SCHEDULERS,
     SCOPES,
-    SEVERITIES,
     STEP_NAMES,
     WAIT_CONDITIONS,
     ConditionTrigger,
@@ -50,7 +49,8 @@ class PlaybookError:
         return f"{self.path}:{self.line}:{self.column}: {self.message}"
 
 
-_PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window")
+_PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window",
+                  "replaces")
 _TRIGGER_KEYS = ("event", "match", "count", "within", "distinct", "share", "metric", "for", "log", "source",
                  "condition", "missed")
 _MATCH_KEYS = ("code", "severity", "message", "details")
@@ -243,7 +243,7 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
         source = c.regex(keys["source"][1], "trigger.source") if "source" in keys else None
         return LogTrigger(pattern, source, count, within) if pattern is not None else None
     condition = c.choice(keys["condition"][1], CONDITIONS, "trigger.condition")
-    missed = 3.0
+    missed = STALE_AFTER_INTERVALS
     if "missed" in keys:
         value = c.scalar(keys["missed"][1], (int, float), "trigger.missed")
         if value is not None and value <= 1:
@@ -414,6 +414,13 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
         fields["settle"] = c.duration(keys["settle"][1], "settle") or 0.0
     if "dedup_window" in keys:
         fields["dedup_window"] = c.duration(keys["dedup_window"][1], "dedup_window") or 600.0
+    if "replaces" in keys:
+        # Whether it names a shipped playbook is checked where the two sets meet (playbooks.loader).
+        replaces = c.scalar(keys["replaces"][1], str, "replaces")
+        if replaces is not None and not _NAME.match(replaces):
+            c.error(keys["replaces"][1], f"replaces {replaces!r} must be a playbook name")
+        elif replaces is not None:
+            fields["replaces"] = replaces
     trigger = _trigger(c, keys["trigger"][1]) if "trigger" in keys else None
     steps: list[Step] = []
     if "plan" in keys:

@@ -29,11 +29,14 @@ from playbooks.plans import Incident, Plan, PlannedStep
 INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolved")
 # Step states: planned -> running -> done | failed; or skipped, escalated,
 # awaiting_confirmation (-> running on confirm, declined), interrupted (the
-# console stopped while it ran: not repeated, since we cannot know if it acted).
+# console stopped while it ran: not repeated, since we cannot know if it acted),
+# pending (a drain waiting for an unreachable controller: retried, not finished).
 STEP_DONE_STATES: frozenset[str] = frozenset({"done", "failed", "skipped", "escalated", "declined", "interrupted"})
 
 # PRAGMA user_version of a database this code made; a newer one is refused, 0 is a file from before versions.
-SCHEMA_VERSION = 1
+# 1 -> 2: incidents keep when their fault happened (fault_at) and the training step then (fault_step), so
+# the time to detect and to recover of each is in the file (view incident_times).
+SCHEMA_VERSION = 2
 _TABLES = frozenset({"incidents", "steps", "audit"})
 # SQLite result codes meaning "the disk will not take it now", kept for a retry (sqlite3.h).
 _RETRYABLE = frozenset({5, 6, 8, 10, 13, 14})  # BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN
@@ -46,7 +49,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     kind TEXT NOT NULL, severity TEXT NOT NULL, scope TEXT NOT NULL, summary TEXT NOT NULL,
     state TEXT NOT NULL DEFAULT 'open', silenced_until REAL, symptoms INTEGER NOT NULL DEFAULT 1,
     detected_at REAL NOT NULL, acted_at REAL, recovered_at REAL, resolved_at REAL,
-    acknowledged_by TEXT, incident_json BLOB NOT NULL
+    acknowledged_by TEXT, incident_json BLOB NOT NULL, fault_at REAL, fault_step INTEGER
 );
 CREATE TABLE IF NOT EXISTS steps (
     id TEXT PRIMARY KEY, incident TEXT NOT NULL REFERENCES incidents(id), idx INTEGER NOT NULL,
@@ -60,7 +63,13 @@ CREATE TABLE IF NOT EXISTS audit (
     why TEXT NOT NULL, incident TEXT, step TEXT, phase TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_by_incident ON audit(incident, id);
+CREATE VIEW IF NOT EXISTS incident_times AS
+    SELECT id, node, playbook, fault_at, detected_at, recovered_at,
+           detected_at - fault_at AS detect_s, recovered_at - fault_at AS recover_s
+    FROM incidents;
 """
+# Columns schema 2 added to incidents, with their types (a version 1 file gets them on open).
+_V2_COLUMNS: tuple[tuple[str, str], ...] = (("fault_at", "REAL"), ("fault_step", "INTEGER"))
 
 
 class StoreError(ValueError):
@@ -93,6 +102,20 @@ class IncidentRecord(msgspec.Struct, kw_only=True):
     recovered_at: float | None
     resolved_at: float | None
     acknowledged_by: str | None
+    fault_at: float | None = None  # when the fault happened, as near as the console can tell
+    fault_step: int | None = None  # the job's training step then; recovered once the job trains past it
+
+    @property
+    def detect_s(self) -> float | None:
+        """Time to detect: from the fault to the incident."""
+        return None if self.fault_at is None else max(self.detected_at - self.fault_at, 0.0)
+
+    @property
+    def recover_s(self) -> float | None:
+        """Time to recover: from the fault to the job training past the step it was at."""
+        if self.fault_at is None or self.recovered_at is None:
+            return None
+        return max(self.recovered_at - self.fault_at, 0.0)
 
 
 class StepRecord(msgspec.Struct, kw_only=True):
@@ -126,8 +149,11 @@ class AuditEntry(msgspec.Struct, kw_only=True):
     outcome: str
 
 
-_INCIDENT_COLS = ("id, playbook, node, gpu, kind, severity, scope, summary, state, silenced_until, symptoms, "
-                  "detected_at, acted_at, recovered_at, resolved_at, acknowledged_by")
+# The columns a version 1 file must have (what an older file is checked against) ...
+_V1_INCIDENT_COLS = ("id, playbook, node, gpu, kind, severity, scope, summary, state, silenced_until, symptoms, "
+                     "detected_at, acted_at, recovered_at, resolved_at, acknowledged_by")
+# ... and the ones read.
+_INCIDENT_COLS = _V1_INCIDENT_COLS + ", " + ", ".join(name for name, _ in _V2_COLUMNS)
 _STEP_COLS = "id, incident, idx, step, target, decision, reason, state, started_at, finished_at, outcome, planned_json"
 
 
@@ -149,6 +175,10 @@ class IncidentStore:
         self._mem: sqlite3.Connection | None = None  # the file's content plus the pending writes
         if self.path != ":memory:":
             _create_private(self.path)
+            why = _refusal(self.path)
+            if why:
+                raise StoreError(f"refusing the incident database: {why}, and its unfinished plans would be "
+                                 "resumed as this console's own; give another --db")
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._open()
@@ -175,12 +205,25 @@ class IncidentStore:
                                  f"(missing {', '.join(missing)}); give another --db")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if tables and version < 2:
+            self._migrate_to_2()
         self._db.executescript(_SCHEMA)
         if version != SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    def _migrate_to_2(self) -> None:
+        """Version 1 -> 2: the fault's time and step on each incident; older rows keep them empty."""
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
+        self._db.execute("BEGIN")
+        for name, kind in _V2_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {kind}")
+        self._db.execute("PRAGMA user_version=2")
+        self._db.execute("COMMIT")
+        logger.info("{}: incident database upgraded to schema 2", self.path)
+
     def _missing_columns(self) -> list[str]:
-        wanted = {"incidents": [c.strip() for c in _INCIDENT_COLS.split(",")] + ["incident_json"],
+        wanted = {"incidents": [c.strip() for c in _V1_INCIDENT_COLS.split(",")] + ["incident_json"],
                   "steps": [c.strip() for c in _STEP_COLS.split(",")]}
         missing = []
         for table, cols in wanted.items():
@@ -351,6 +394,11 @@ class IncidentStore:
     def mark_recovered(self, incident_id: str, when: float) -> None:
         self._write([("UPDATE incidents SET recovered_at=COALESCE(recovered_at, ?) WHERE id=?", (when, incident_id))])
 
+    def mark_fault(self, incident_id: str, at: float, step: int | None) -> None:
+        """When the fault behind an incident happened and the job's step then; the first answer stays."""
+        self._write([("UPDATE incidents SET fault_at=COALESCE(fault_at, ?), fault_step=COALESCE(fault_step, ?)"
+                      " WHERE id=?", (at, step, incident_id))])
+
     # ------------------------------------------------------------------ steps
 
     def steps(self, incident_id: str) -> list[StepRecord]:
@@ -378,7 +426,7 @@ class IncidentStore:
     def unfinished(self) -> list[str]:
         """Incidents whose plan has a step not yet run (a console restart resumes these)."""
         rows = self._read.execute("SELECT DISTINCT s.incident FROM steps s JOIN incidents i ON i.id = s.incident"
-                                  " WHERE s.state IN ('planned', 'running') AND i.state != 'resolved'"
+                                  " WHERE s.state IN ('planned', 'running', 'pending') AND i.state != 'resolved'"
                                   " ORDER BY s.incident").fetchall()
         return [r[0] for r in rows if isinstance(r[0], str)]
 
@@ -469,6 +517,28 @@ def _create_private(path: str) -> None:
     except FileExistsError:
         return
     os.close(fd)
+
+
+def _refusal(path: str) -> str:
+    """Why ``path`` (or its -wal, -shm, -journal) is not an incident database this user alone can change; '' if it is.
+
+    SQLite follows a link and opens whatever file is there, so a link planted
+    at the path, or a file another user owns or may write, is refused first.
+    """
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            return f"{name} is a symbolic link"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{name} is not a regular file"
+        if st.st_uid != os.geteuid():
+            return f"{name} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+        if st.st_mode & 0o022:
+            return f"{name} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
 
 
 def _tighten(path: str) -> None:

@@ -115,3 +115,38 @@ def test_agent_settings_come_from_toml_and_flags_win(tmp_path):
     assert cfg.node_name == "gpu017" and cfg.simulate_gpus == 8
     assert cfg.interval == 0.5 and cfg.listen_addr() == ("127.0.0.1", 9000)
     assert cfg.log == ["/var/log/a.log", "/var/log/b.log"]
+
+
+def test_train_with_settings_it_cannot_use_exits_2():
+    out = run_cli("train", "--nodes", "0", "--run-dir", "/nonexistent/run")
+    assert out.returncode == 2 and "--nodes and --steps must be at least 1" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("train", "--tiers", "5,20", "--run-dir", "/nonexistent/run")
+    assert out.returncode == 2 and "give three step counts" in out.stderr
+
+
+@pytest.mark.slow
+def test_train_whose_run_fails_exits_1_not_the_nodes_code(tmp_path):
+    """A node that dies mid-run: the command reports the failure as 1, whatever torchrun exited with."""
+    import psutil
+
+    from tests.conftest import wait_until_sync
+    from trainer.launch import last_metric_step
+
+    run_dir = tmp_path / "run"
+    train = subprocess.Popen(
+        [sys.executable, "-m", "console", "train", "--nodes", "1", "--steps", "100000", "--run-dir", str(run_dir),
+         "--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--micro-batch", "4", "--tiers", "2,4,8"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_sync(lambda: last_metric_step(run_dir / "metrics.jsonl") >= 2, 120, "the run's second step")
+        nodes = [c for c in psutil.Process(train.pid).children(recursive=True) if "torch.distributed.run" in " ".join(c.cmdline())]
+        assert len(nodes) == 1
+        for proc in [nodes[0], *nodes[0].children(recursive=True)]:
+            proc.kill()
+        out, err = train.communicate(timeout=90)
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    assert train.returncode == 1, err[-2000:]
+    assert "error: the run stopped at step" in err and "Traceback" not in err

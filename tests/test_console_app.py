@@ -6,6 +6,7 @@ import asyncio
 from typing import Callable
 
 import pytest
+from textual import events
 
 from agents.protocol import ActionResult, Event, LogLine, Text
 from console.app import GridwatchApp
@@ -144,6 +145,38 @@ async def test_colon_commands_switch_views_like_k9s() -> None:
         await wait_for(pilot, lambda: "unknown command" in app.note)
 
 
+def _burst(app: GridwatchApp, *items: str | events.Paste) -> None:
+    """Post keys all at once, as a terminal delivers a paste or ``tmux send-keys``: nothing waits in between."""
+    chars = {"colon": ":", "enter": "\r"}
+    for item in items:
+        app.post_message(item if isinstance(item, events.Paste) else events.Key(item, chars.get(item, item)))
+
+
+async def test_keys_typed_straight_after_colon_reach_the_command_line_in_order() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        _burst(app, "colon", *"logs", "enter")
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        _burst(app, "colon", events.Paste("training"), "enter")
+        await wait_for(pilot, lambda: shown(app, TrainingScreen))
+        _burst(app, "colon", *"nodez", "enter")  # a typo arrives whole, in order, and is named
+        await wait_for(pilot, lambda: "unknown command :nodez" in app.note)
+        assert len(app.screen_stack) == 2 and isinstance(app.screen, TrainingScreen)
+        _burst(app, "colon", *"incidents", "enter", "colon", *"logs", "enter")  # two commands in one burst
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+        assert [type(s) for s in app.screen_stack] == [FleetScreen, LogsScreen]
+
+
+def test_one_command_table_drives_the_line_the_keys_screen_and_the_palette() -> None:
+    from console.screens.command_line import COMMANDS, Verb, parse_command
+
+    assert [(c.verb, rest) for c, rest in [parse_command(t) for t in ("node", "node node02", "no", "lo", "pf n[1-2]")]] \
+        == [(Verb.NODES, ""), (Verb.NODE, "node02"), (Verb.NODES, ""), (Verb.LOGS, ""), (Verb.PREFLIGHT, "n[1-2]")]
+    assert parse_command("bogus") is None and parse_command("node") is not None
+    assert len({c.verb for c in COMMANDS}) == len(COMMANDS)
+
+
 async def test_question_mark_lists_the_keys_of_the_view() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -227,6 +260,67 @@ async def test_a_bad_silence_duration_is_explained_and_nothing_changes() -> None
         await pilot.press("enter")
         await wait_for(pilot, lambda: "bad duration" in screen_text(app))
         assert app.runtime.incidents.rows["inc-1"].state == "open"
+
+
+async def test_a_silence_takes_the_playbooks_duration_grammar() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        app.screen.query_one("#confirm-duration").value = "500ms"  # as in a playbook: half a second
+        await pilot.press(*"flapping", "enter")
+        incidents = app.runtime.incidents
+        await wait_for(pilot, lambda: incidents.rows["inc-1"].state == "silenced")
+        assert incidents.rows["inc-1"].silenced_until == pytest.approx(T0 + 0.5)
+
+
+@pytest.mark.parametrize("scheduler", ["none", "slurm"])
+async def test_isolate_and_unisolate_from_the_node_view_say_what_happens_and_are_audited(tmp_path, scheduler) -> None:
+    from console.runtime import StoreIncidents
+    from playbooks.executor import Executor
+    from playbooks.store import IncidentStore
+
+    store = StateStore(ManualClock(T0))
+    fill_fleet(store, ["node01", "node02"])
+    for node in store.nodes.values():
+        node.role = "operator"
+    db = IncidentStore(tmp_path / "incidents.db", store.clock)
+    fleet = RecordingFleet()
+    runtime = ConsoleRuntime(store, fleet=fleet, incidents=StoreIncidents(db), plan_store=db, operator="alice",
+                             scheduler=scheduler)
+    runtime.executor = Executor(db, runtime, clock=store.clock, who="alice", scheduler=scheduler)
+    app = GridwatchApp(runtime, tick_seconds=3600, start_runtime=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.open_node("node02")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        said = screen_text(app)
+        # Isolation is gridwatch's own mark; the scheduler is named only where one is configured.
+        assert "scheduler stops placing" not in said and "trainer is asked to leave" in said
+        assert ("Slurm is not told" in said) == (scheduler == "slurm")
+        await pilot.press(*"bad gpu 3", "enter")
+        await wait_for(pilot, lambda: "isolate on node02: ok" in app.note)
+        store.apply(make_sample("node02", 9, isolated=True))
+        app.tick()
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert ("Slurm drain that gridwatch made is resumed" in screen_text(app)) == (scheduler == "slurm")
+        await pilot.press(*"fixed", "enter")
+        await wait_for(pilot, lambda: "unisolate on node02: ok" in app.note)
+    assert [a[1] for a in fleet.actions] == ["isolate", "unisolate"]
+    audit = [(a.who, a.what, a.why, a.phase) for a in db.audit_log()]
+    assert audit[:4] == [("alice", "isolate on node02", "bad gpu 3", "before"),
+                         ("alice", "isolate on node02", "bad gpu 3", "after"),
+                         ("alice", "unisolate on node02", "fixed", "before"),
+                         ("alice", "unisolate on node02", "fixed", "after")]
+    assert db.audit_log()[1].outcome.startswith("done")
+    assert any(what.startswith("return_to_service node02") for _, what, _, _ in audit)
+    db.close()
 
 
 @pytest.mark.parametrize("read_only, role", [(True, "operator"), (False, "viewer")])

@@ -101,12 +101,21 @@ def test_training_view(snap_compare) -> None:
 
 
 def test_incidents_view(snap_compare) -> None:
+    from console.runtime import IncidentRow
     from console.screens import IncidentsScreen
+
+    app = fleet_app()
+    incidents = app.runtime.incidents
+    incidents.rows["inc-1"].fault_at = T0 - 30.4  # detected 0.4 s after its fault, not recovered yet
+    # One the job trained past: its time to detect and to recover in the table, their means in the title.
+    incidents.add(IncidentRow(id="inc-0", severity="error", node="node05", title="XID 48: double-bit ECC error",
+                              state="resolved", detected_at=T0 - 599.2, playbook="xid-hardware", fault_at=T0 - 600,
+                              fault_step=1180, acted_at=T0 - 599, recovered_at=T0 - 593.5))
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await _view(pilot, "incidents", IncidentsScreen)
 
-    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=ready)
+    assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 
 
 def test_keys_help(snap_compare) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -67,9 +69,15 @@ def _capture(session: str) -> str:
     return out.stdout
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None:
-    agents = [await start_agent(keys, name=f"tmux-node-{i}", gpus=2) for i in (1, 2)]
+def _tmux(*args: str) -> None:
+    """One tmux invocation: everything in it reaches the console as one burst of input."""
+    subprocess.run(["tmux", *args], check=True)
+
+
+@contextlib.asynccontextmanager
+async def console_in_tmux(keys, tmp_path, names: list[str]) -> AsyncIterator[str]:  # noqa: ANN001
+    """Real agents named ``names`` and ``gridwatch console`` in a fresh tmux session, once every node shows."""
+    agents = [await start_agent(keys, name=name, gpus=2) for name in names]
     session = f"gw-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
     command = " ".join([
@@ -78,29 +86,60 @@ async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None
         "--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts),
         "--db", str(tmp_path / "incidents.db"),
     ])
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
-                   check=True, env=env, cwd=ROOT)
     try:
-        screen = await wait_until(
-            lambda: (s := _capture(session)) and "tmux-node-1" in s and "tmux-node-2" in s and "2/2 nodes" in s
-            and s, 30, "the node names and 2/2 connected on the tmux screen")
-        assert "4 GPUs" in screen
-        subprocess.run(["tmux", "send-keys", "-t", session, ":"], check=True)
-        await wait_until(lambda: "node NAME" in _capture(session), 15, "the command line")
-        subprocess.run(["tmux", "send-keys", "-t", session, "-l", "training"], check=True)
-        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
-        try:
-            await wait_until(lambda: "no trainer attached" in _capture(session), 15, "the training view")
-        except AssertionError:
-            print(_capture(session))
-            raise
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        await wait_until(lambda: subprocess.run(["tmux", "has-session", "-t", session],
-                                                capture_output=True).returncode != 0, 15, "the console to quit")
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
+                       check=True, env=env, cwd=ROOT)
+        await wait_until(lambda: (s := _capture(session)) and all(n in s for n in names)
+                         and f"{len(names)}/{len(names)} nodes" in s, 30, "every node, connected, on the tmux screen")
+        yield session
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         for a in agents:
             await stop_agent(a)
+
+
+async def _wait_on_screen(session: str, text: str, what: str) -> str:
+    try:
+        return await wait_until(lambda: (s := _capture(session)) and text in s and s, 15, what)
+    except AssertionError:
+        print(_capture(session))
+        raise
+
+
+async def _quit(session: str) -> None:
+    _tmux("send-keys", "-t", session, "q")
+    await wait_until(lambda: subprocess.run(["tmux", "has-session", "-t", session],
+                                            capture_output=True).returncode != 0, 15, "the console to quit")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None:
+    async with console_in_tmux(keys, tmp_path, ["tmux-node-1", "tmux-node-2"]) as session:
+        assert "4 GPUs" in _capture(session)
+        _tmux("send-keys", "-t", session, ":")
+        await _wait_on_screen(session, "node NAME", "the command line")
+        _tmux("send-keys", "-t", session, "-l", "training")
+        _tmux("send-keys", "-t", session, "Enter")
+        await _wait_on_screen(session, "no trainer attached", "the training view")
+        await _quit(session)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_keys_typed_straight_after_colon_reach_the_command_line_in_order(keys, tmp_path) -> None:
+    """As in k9s: ``:logs`` + Enter in one burst, or a paste right after ``:``, runs the command."""
+    async with console_in_tmux(keys, tmp_path, ["burst-node-1"]) as session:
+        _tmux("send-keys", "-t", session, ":logs", "Enter")
+        await _wait_on_screen(session, "gridwatch  logs", "the logs view after one send-keys of ':logs' Enter")
+        assert "gridwatch  nodes" not in _capture(session)
+        _tmux("send-keys", "-t", session, ":nodes", "Enter")
+        await _wait_on_screen(session, "gridwatch  nodes", "the fleet view after ':nodes' Enter")
+        # One tmux call: ':', a bracketed paste of the command, Enter, back to back.
+        _tmux("set-buffer", "-b", session, "training", ";",
+              "send-keys", "-t", session, ":", ";",
+              "paste-buffer", "-p", "-d", "-b", session, "-t", session, ";",
+              "send-keys", "-t", session, "Enter")
+        await _wait_on_screen(session, "no trainer attached", "the training view after ':' + a paste + Enter")
+        await _quit(session)
 
 
 async def test_headless_console_reports_nodes_and_stops(keys, tmp_path) -> None:

@@ -254,29 +254,30 @@ class _Fleet:
 
 
 async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failures_stand() -> None:
-    from console.supervise import FleetSink
+    from console.runtime import ConsoleRuntime
 
     absent = (False, "trainer control socket /x.sock: no trainer is listening at /x.sock")
     fleet = _Fleet([absent, absent, (True, "restart_from accepted")])
-    sink = FleetSink(fleet, retry_every=0.0)
-    result = await sink.act("node-1", "restart_from", {"checkpoint": "newest"}, "test")
+    runtime = ConsoleRuntime(fleet=fleet, retry_every=0.0)
+    result = await runtime.act("node-1", "restart_from", {"checkpoint": "newest"}, "test")
     assert result.ok and fleet.sent == ["restart_from"] * 3
 
     refused = _Fleet([(False, "restart_from: no valid checkpoint")])
-    assert not (await FleetSink(refused, retry_every=0.0).act("node-1", "restart_from", {}, "test")).ok
+    assert not (await ConsoleRuntime(fleet=refused, retry_every=0.0).act("node-1", "restart_from", {}, "test")).ok
     assert refused.sent == ["restart_from"]
 
     gone = _Fleet([absent] * 1000)
-    assert not (await FleetSink(gone, retry_every=0.0, trainer_wait=0.0).act("node-1", "restart_from", {}, "t")).ok
+    assert not (await ConsoleRuntime(fleet=gone, retry_every=0.0, trainer_wait=0.0)
+                .act("node-1", "restart_from", {}, "t")).ok
 
 
-async def test_a_watch_only_sink_sends_no_step_that_acts() -> None:
-    from console.supervise import FleetSink
+async def test_a_watch_only_runtime_sends_no_step_that_acts() -> None:
+    from console.runtime import ConsoleRuntime
 
     fleet = _Fleet([])
-    sink = FleetSink(fleet, acting=False)
-    assert not (await sink.act("node-2", "isolate", {}, "xid 79")).ok
-    assert (await sink.act("node-2", "capture_scene", {}, "xid 79")).ok
+    runtime = ConsoleRuntime(fleet=fleet, acting=False)
+    assert not (await runtime.act("node-2", "isolate", {}, "xid 79")).ok
+    assert (await runtime.act("node-2", "capture_scene", {}, "xid 79")).ok
     assert fleet.sent == ["capture_scene"]
 
 

@@ -14,7 +14,7 @@ from playbooks.engine import Engine
 from playbooks.executor import Executor
 from playbooks.notify import CommandOutcome
 from playbooks.plans import Plan
-from playbooks.scheduler import DrainRefused, drain_argv
+from playbooks.scheduler import DrainRefused, Kubernetes, Slurm, backend_for
 from playbooks.schema import check_text
 from playbooks.store import IncidentStore, UnknownIncident
 
@@ -48,10 +48,15 @@ class FakeSink:
 
 
 class FakeRunner:
+    """Answers ``scontrol show node`` with an idle node and records every other command (the scheduler's
+    own behaviour is tested against a real Slurm in test_scheduler_slurm.py)."""
+
     def __init__(self) -> None:
         self.argvs: list[list[str]] = []
 
     async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return CommandOutcome(0, f"NodeName={argv[-1]} Arch=x86_64 State=IDLE ThreadsPerCore=1\n")
         self.argvs.append(argv)
         return CommandOutcome(0, "")
 
@@ -93,12 +98,18 @@ async def test_runs_the_plan_and_audits_before_and_after(tmp_path: Path) -> None
     assert [(n, a) for n, a, _ in sink.calls] == [
         ("node2", "capture_scene"), ("node2", "isolate"), ("node1", "restart_from"), ("node3", "restart_from")]
     assert sink.calls[2][2]["checkpoint"] == "newest"
-    assert runner.argvs == [["scontrol", "update", "NodeName=node2", "State=DRAIN",
-                             "Reason=gridwatch: hw: xid 79 on node2 gpu 0"]]
+    reason = f"gridwatch: incident {plan.incident.id} (playbook hw, operator console): xid 79 on node2 gpu 0"
+    assert runner.argvs == [["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={reason}"]]
     assert len(notifier.sent) == 1
     audit = store.audit_log(plan.incident.id)
     assert [(a.what, a.phase) for a in audit][:2] == [("capture_scene on node2", "before"),
                                                        ("capture_scene on node2", "after")]
+    # The drain's commands are in the audit as typed, each with the reason sent.
+    commands = [(a.what, a.phase) for a in audit if a.what.startswith("scontrol")]
+    assert commands == [("scontrol show node -o node2", "after"),
+                        (f"scontrol update NodeName=node2 State=DRAIN 'Reason={reason}'", "before"),
+                        (f"scontrol update NodeName=node2 State=DRAIN 'Reason={reason}'", "after")]
+    assert all(a.why == reason for a in audit if a.what.startswith("scontrol"))
     assert all(a.who == "console" for a in audit)
     assert store.incident(plan.incident.id).acted_at == 1000.0
 
@@ -214,12 +225,15 @@ def test_store_acknowledge_silence_resolve(tmp_path: Path) -> None:
 
 
 def test_drain_commands_are_argv_and_refuse_odd_names() -> None:
-    assert drain_argv("kubernetes", "gpu-07.dc1", "x") == ["kubectl", "cordon", "gpu-07.dc1"]
-    assert drain_argv("none", "gpu-07", "x") is None
-    with pytest.raises(DrainRefused):
-        drain_argv("slurm", "--all", "x")
-    with pytest.raises(DrainRefused):
-        drain_argv("slurm", "n1; rm -rf /", "x")
+    assert Kubernetes().drain_argvs("gpu-07.dc1", "x")[-1] == ["kubectl", "cordon", "gpu-07.dc1"]
+    assert backend_for("none") is None
+    for odd in ("--all", "n1; rm -rf /", "-N"):
+        with pytest.raises(DrainRefused):
+            Slurm().drain_argvs(odd, "x")
+        with pytest.raises(DrainRefused):
+            Slurm().read_argv(odd)
+    with pytest.raises(DrainRefused, match="unknown scheduler 'pbs'; use one of none, slurm, kubernetes"):
+        backend_for("pbs")
 
 
 class FlipProbe:
@@ -265,7 +279,9 @@ async def test_a_superseded_plan_stands_down_and_cannot_be_confirmed(tmp_path: P
     waiting = [r for r in await executor.run(straggler) if r.state == "awaiting_confirmation"]
     assert [r.step for r in waiting] == ["isolate_node"]
     records = await executor.run(hardware)
-    assert [r.state for r in records] == ["done"] * 5
+    # No scheduler configured: the drain is skipped and says why, never "done".
+    assert [(r.step, r.state) for r in records if r.state != "done"] == [("drain_node", "skipped")]
+    assert [r.outcome for r in records if r.step == "drain_node"] == ["no scheduler configured"]
     assert [r.state for r in store.steps(straggler.incident.id)] == ["done", "done", "skipped", "skipped"]
     assert store.incident(straggler.incident.id).state == "resolved"
     with pytest.raises(ValueError, match="not waiting for confirmation"):

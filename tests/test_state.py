@@ -119,6 +119,35 @@ def test_the_node_whose_stack_differs_from_the_majority_is_flagged(store) -> Non
     assert flagged == {"d"}
 
 
+def test_an_even_split_of_stacks_flags_no_one_as_pre_flight_judges_it(store) -> None:
+    from console.preflight import majority_hash
+
+    for name, stack in (("a", "one"), ("b", "one"), ("c", "two"), ("d", "two")):
+        store.apply(make_hello(name, stack=stack))
+    assert majority_hash(["one", "one", "two", "two"]) == ("one", False)  # pre-flight: no clear majority
+    assert not any(r.mismatch for r in store.node_rows())  # so the fleet view does not guess a side
+    store.apply(make_hello("e", stack="one"))
+    assert {r.name for r in store.node_rows() if r.mismatch} == {"c", "d"}
+
+
+def test_log_queries_read_durations_as_playbooks_do() -> None:
+    assert parse_log_query("since:500ms").since_s == pytest.approx(0.5)
+    assert parse_log_query("since:10m until:90").until_s == 90.0
+    with pytest.raises(QueryError, match="'5x' is not a duration"):
+        parse_log_query("since:5x")
+
+
+def test_one_manual_clock_serves_the_store_and_callable_clocks(clock: ManualClock) -> None:
+    from agents.sources.simulated import SimulatedGpus
+
+    gpus = SimulatedGpus(1, seed=1, clock=clock)  # the agent side asks clock(), the store clock.now()
+    store = StateStore(clock)
+    clock.advance(5.0)
+    gpus.inject("xid", 0, 79)
+    (event, *_) = gpus.poll_events()
+    assert event.ts == store.clock.now() == T0 + 5.0
+
+
 def test_sorting_by_temperature_puts_na_last_either_way(store) -> None:
     fill_fleet(store, ["n1", "n2", "n3"])
     store.apply(make_sample("n2", 9, temp=80.0))

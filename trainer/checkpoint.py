@@ -26,7 +26,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from loguru import logger
 
-from agents.procs import pid_alive
+from trainer.control import pid_alive
 from trainer.private import NotPrivate, make_private, make_private_dir, open_private_dir, open_private_file, refusal
 
 MANIFEST = "manifest.json"

@@ -6,13 +6,20 @@ request gets exactly one reply line ``{"ok": bool, "message": str, "status": ...
 ``status`` returns a :class:`agents.protocol.TrainerStatus`; the controls are
 :data:`CONTROL_COMMANDS`. The node agent imports this module, so it must never
 import torch.
+
+Both ends check who is at the other end (``SO_PEERCRED``): the trainer admits
+this user, root and its control group; the client believes only a socket
+served by this user, root or the uid in ``GRIDWATCH_TRAINER_UID``, so whoever
+gets to put a socket at the path first cannot pose as the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,8 @@ import msgspec
 from agents.protocol import Event, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
 
 SOCKET_ENV = "GRIDWATCH_TRAINER_SOCKET"
+# The trainer's uid, for an agent that runs as another user (a member of the trainer's control group).
+TRAINER_UID_ENV = "GRIDWATCH_TRAINER_UID"
 # A request or reply longer than this is refused: the status is a few KB at most.
 MAX_MESSAGE_BYTES = 1 << 16
 
@@ -49,6 +58,64 @@ class ControlReply(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class TrainerUnavailable(OSError):
     """The trainer's socket is absent, refused the connection or did not answer in time."""
+
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is at the other end of a unix-socket connection, as the kernel says."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this pid exists (even one we may not signal): is a trainer's writer still there."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """The credentials of ``sock``'s peer (``SO_PEERCRED``), with its groups (``SO_PEERGROUPS``, else the group database)."""
+    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
+        groups = set(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    except OSError:  # an old kernel, or more groups than fit: what the group database says
+        try:
+            groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+        except KeyError:
+            groups = set()
+    return Peer(pid, uid, gid, frozenset(groups | {gid}))
+
+
+def trusted_server_uids() -> frozenset[int]:
+    """The uids a trainer's socket may be served by: this user, root, and ``GRIDWATCH_TRAINER_UID`` if set."""
+    uids = {os.geteuid(), 0}
+    extra = os.environ.get(TRAINER_UID_ENV, "").strip()
+    if extra.isdigit():
+        uids.add(int(extra))
+    return frozenset(uids)
+
+
+def _check_server(sock: socket.socket, path: str) -> None:
+    """Refuse a socket served by anyone the client does not trust to be the trainer."""
+    uid = peer_of(sock).uid
+    if uid not in trusted_server_uids():
+        raise TrainerUnavailable(
+            f"refusing the trainer at {path}: its socket is served by uid {uid}, not by this user or root "
+            f"(someone else may be posing as the trainer; set {TRAINER_UID_ENV} if the trainer runs as that user)"
+        )
 
 
 def socket_path(run_dir: str | os.PathLike[str], node: str) -> str:
@@ -163,6 +230,7 @@ async def _exchange(path: str, data: bytes) -> bytes:
     sock.setblocking(False)
     try:
         await loop.sock_connect(sock, path)
+        _check_server(sock, path)
         try:
             await loop.sock_sendall(sock, data)
         except (BrokenPipeError, ConnectionResetError):
@@ -195,6 +263,8 @@ async def request(
             line = await _exchange(socket_path, encode_request(command, args))
     except TimeoutError:
         raise TrainerUnavailable(f"trainer at {socket_path} did not answer within {timeout:g} s") from None
+    except TrainerUnavailable:
+        raise
     except (FileNotFoundError, ConnectionRefusedError):
         raise TrainerUnavailable(f"no trainer is listening at {socket_path}") from None
     except OSError as exc:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 import queue
 import secrets
 import socket
 import socketserver
-import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
@@ -34,8 +31,10 @@ from trainer.control import (
     STATUS,
     ControlReply,
     ControlRequest,
+    Peer,
     decode_request,
     encode_reply,
+    peer_of,
 )
 
 
@@ -73,32 +72,6 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 
 
 REFUSAL_LOG_S = 60.0
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Who is at the other end of a unix-socket connection, as the kernel says."""
-
-    pid: int
-    uid: int
-    gid: int
-    groups: frozenset[int]
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    """The credentials of ``sock``'s peer (``SO_PEERCRED``), with its groups (``SO_PEERGROUPS``, else the group database)."""
-    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
-        groups = set(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
-    except OSError:  # an old kernel, or more groups than fit: what the group database says
-        try:
-            groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
-        except KeyError:
-            groups = set()
-    return Peer(pid, uid, gid, frozenset(groups | {gid}))
 
 
 def resolve_group(name: str) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -29,14 +28,14 @@ from pathlib import Path
 import psutil
 from loguru import logger
 
-from trainer.config import TrainConfig, read_config, write_config
+from trainer import config
+from trainer.config import NODE_NAME, ConfigRefused, TrainConfig, make_run_dir, make_run_subdir, read_config, write_config
 from trainer.control import socket_path
 from trainer.control_server import resolve_group
 from trainer.membership import STORE_ENV
-from trainer.private import NotPrivate, make_private_dir, path_refusal, remove_private_dir
+from trainer.private import NotPrivate, make_private_dir, path_refusal
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 # Rendezvous settings tuned for fast re-forming: a dead node's heartbeat expires
 # after ~3 s instead of 15, and a re-formed group waits 2 s for late joiners
@@ -320,8 +319,7 @@ def refused_checkpoint(cfg: TrainConfig) -> str:
 
 def release_tier0(cfg: TrainConfig) -> None:
     """Give back the run's in-memory tier (a finished run keeps its last checkpoint in tiers 1 and 2)."""
-    why = remove_private_dir(cfg.tier0_root())
-    if why:
+    for why in config.release_tier0(cfg):
         logger.warning("tier 0 left in place: {}", why)
 
 
@@ -330,6 +328,8 @@ def prepare(cfg: TrainConfig, resume: bool, local: bool = True) -> TrainConfig:
 
     With ``local`` (nodes on this machine) the run's tier-0 directory is made
     here, private; one that is not this user's private directory stops the run.
+    So does a run directory or config another user could have written: the
+    config says what the trainer deletes and who may control it.
     """
     run_dir = Path(cfg.run_dir)
     if resume:
@@ -350,29 +350,38 @@ def prepare(cfg: TrainConfig, resume: bool, local: bool = True) -> TrainConfig:
         # A fresh run must not restore an older run's in-memory tier: it gets a new one, and the old one is given back.
         try:
             release_tier0(read_config(run_dir))
+        except ConfigRefused as exc:
+            raise LaunchError(str(exc)) from None
         except ValueError:
-            pass
+            pass  # no earlier run here, or its config is unreadable: no tier 0 of its to give back
         release_tier0(cfg)
         cfg.tier0_key = secrets.token_hex(8)
         try:
             (run_dir / "metrics.jsonl").unlink()
         except FileNotFoundError:
             pass
+    gid = None
     if local and cfg.control_group:
         try:
-            resolve_group(cfg.control_group)
+            gid = resolve_group(cfg.control_group)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    try:
+        make_run_dir(run_dir, gid)
+    except ConfigRefused as exc:
+        raise LaunchError(str(exc)) from None
+    make_run_subdir(run_dir / "logs")
     if not cfg.second_dir:
-        (run_dir / "shared").mkdir(exist_ok=True)
+        make_run_subdir(run_dir / "shared")
     if local:
         try:
             make_private_dir(cfg.tier0_root(), parents=True)
         except NotPrivate as exc:
             raise LaunchError(f"refusing the in-memory checkpoint directory: {exc} (remove it, or find out who made it)") from None
-    write_config(cfg)
+    try:
+        write_config(cfg)
+    except ConfigRefused as exc:
+        raise LaunchError(str(exc)) from None
     return cfg
 
 

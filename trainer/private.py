@@ -22,8 +22,12 @@ class NotPrivate(OSError):
     """A path the trainer must not use; the message says why in one line."""
 
 
-def refusal(st: os.stat_result, want_dir: bool) -> str:
-    """Why a path with this ``lstat`` result is not this user's private directory (or file); '' when it is."""
+def refusal(st: os.stat_result, want_dir: bool, closed: int = 0o077) -> str:
+    """Why a path with this ``lstat`` result is not this user's private directory (or file); '' when it is.
+
+    ``closed``: the mode bits that must be clear (by default all of group's and
+    others'; 0o022 for a path others may read but never change).
+    """
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
     if want_dir and not stat.S_ISDIR(st.st_mode):
@@ -32,8 +36,9 @@ def refusal(st: os.stat_result, want_dir: bool) -> str:
         return "is not a regular file"
     if st.st_uid != os.geteuid():
         return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    if st.st_mode & 0o077:
-        return f"is open to group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & closed:
+        what = "writable by" if not closed & 0o055 else "open to"
+        return f"is {what} group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     return ""
 
 

@@ -27,7 +27,7 @@ from loguru import logger
 from agents.protocol import Event, Text, TrainerStatus
 from trainer.checkpoint import Manifest
 from trainer.collectives import all_gather_object, broadcast_object
-from trainer.config import TrainConfig, read_config
+from trainer.config import TrainConfig, read_config, release_tier0
 from trainer.control import restart_target, socket_path
 from trainer.control_server import ControlServer
 from trainer.corpus import build_corpus
@@ -35,7 +35,6 @@ from trainer.group import Membership
 from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
 from trainer.membership import STORE_ENV, Generation
 from trainer.model import ByteGPT, ModelConfig
-from trainer.private import remove_if_empty, remove_private_dir
 from trainer.restore import restore_newest
 from trainer.sampler import BatchSampler, SamplerState, my_slots
 from trainer.state import init_optimizer_state, live_tensors
@@ -565,10 +564,8 @@ class Worker:
         # Tier 0 is a RAM cache for resuming; a finished run keeps its last
         # checkpoint in tiers 1 and 2 and gives the memory back (the last node
         # out removes the run's directory too).
-        why = remove_private_dir(self.cfg.tier_root(0, self.node))
-        if why:
+        for why in release_tier0(self.cfg, self.node):
             self.log.warning("tier 0 left in place: {}", why)
-        remove_if_empty(self.cfg.tier0_root())
         if self.rank == 0:
             self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
         if self.membership is not None:

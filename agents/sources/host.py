@@ -12,6 +12,7 @@ import psutil
 from loguru import logger
 
 from agents.protocol import HostSample, NicSample, Text
+from agents.sources import Reading
 
 _MIB = 1024 * 1024
 # Interfaces that carry no training traffic; watching them only adds rows.
@@ -84,6 +85,8 @@ class HostSource:
     already has rates (over the time since construction).
     """
 
+    name = "host"
+    blocking = True  # /proc and /sys reads can stall on a node under memory pressure
     # Link state and speed change rarely and cost an ioctl per NIC to read.
     NIC_STATS_EVERY = 10
 
@@ -112,6 +115,10 @@ class HostSource:
 
     def _disk_counters(self) -> tuple[int, int] | None:
         return self._disks.read()
+
+    def read(self) -> Reading:
+        """The sampler's view of :meth:`sample`."""
+        return Reading(host=self.sample())
 
     def sample(self) -> HostSample:
         """One reading of the host (``top``, ``free``, ``ip -s link``, ``iostat``, ``/proc/pressure``)."""

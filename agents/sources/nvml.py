@@ -88,6 +88,8 @@ class NvmlSource(GpuSource):
     a field that answers NotSupported is not asked again.
     """
 
+    name = "nvml"
+    blocking = True  # an NVML call can hang on a degrading GPU
     simulated = False
 
     def __init__(self, nvml: ModuleType, clock: Callable[[], float] = time.time) -> None:

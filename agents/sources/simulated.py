@@ -46,6 +46,8 @@ class SimulatedGpus(GpuSource):
     energy; by default each sample counts as one second.
     """
 
+    name = "simulated_gpus"
+    blocking = False  # numbers from memory: a thread would cost more than the read
     simulated = True
 
     def __init__(self, count: int, seed: int = 0, clock: Callable[[], float] | None = None) -> None:

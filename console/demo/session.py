@@ -1,4 +1,10 @@
-"""One demo run: the cluster, the fleet attached as operator, the playbooks acting, and what happened."""
+"""One demo run: a local cluster plus the console's own runtime attached to it as operator, and what happened.
+
+The demo writes a cluster.toml for its agents and builds the runtime from it
+exactly as ``gridwatch console --cluster`` does; the runtime detects, acts,
+retries and marks recoveries. The demo only adds the faults it injects, the
+repairs of chaos mode, and a summary measured from the trainer's own metrics.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from console.demo.chaos import Chaos, FaultSpec
 from console.demo.cluster import Cluster, ClusterOptions
 from console.demo.progress import TrainingWatch
 from console.demo.summary import DemoSummary, FaultRecord, IncidentFacts, summarize
-from console.supervise import FleetSink, Supervisor
+from console.runtime import ConsoleRuntime
 
 Say = Callable[[str], None]
 # A fault the demo injected itself and the agent's own report of it are one fault.
@@ -34,6 +40,8 @@ class DemoOptions:
     tick_interval: float = 0.5
     skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
     act: bool = True  # False: incidents are made, but no step that changes the job or a node is sent
+    scheduler: str = "none"  # what drain_node tells: none | slurm | kubernetes
+    operator: str = "demo-operator"  # who acts, in the audit log
 
 
 class DemoSession:
@@ -51,14 +59,12 @@ class DemoSession:
             self.dir = Path(self._tmp.name)
         self.cluster = Cluster(self.dir, options.cluster, progress=self._progress)
         self.faults: list[FaultRecord] = []
-        self.trainer_status: dict[str, p.TrainerStatus] = {}
         self.watch = TrainingWatch(self.dir / "run" / "metrics.jsonl", clock)
         self.started_at = clock()
-        self.fleet: Any = None
-        self.store: Any = None
-        self.engine: Any = None
-        self.supervisor: Supervisor | None = None
-        self.runtime: Any = None  # the console's runtime when a screen is attached
+        self.runtime: ConsoleRuntime | None = None
+        self.fleet: Any = None  # the runtime's, once started
+        self.store: Any = None  # the runtime's incident store
+        self.engine: Any = None  # the runtime's playbook engine
         self._tasks: list[asyncio.Task[Any]] = []
         self._notes: list[str] = []
 
@@ -71,45 +77,46 @@ class DemoSession:
     # ---------------------------------------------------------------- start
 
     async def start(self) -> None:
-        from console.fleet import Fleet, FleetOptions
-        from console.hostlist import Endpoint
-        from playbooks.clock import SystemClock
-        from playbooks.engine import Engine
-        from playbooks.executor import Executor
-        from playbooks.loader import load_builtin
-        from playbooks.store import IncidentStore
+        """Start the cluster and build the runtime from the cluster.toml written for it (not connected yet)."""
+        from console.config import ClusterConfig, load_cluster, write_cluster
+        from console.runtime import RuntimeOptions, build_runtime
 
         state = await self.cluster.start()
         if self.cluster.trainer_note:
             self._notes.append(self.cluster.trainer_note)
-        endpoints = [Endpoint(n.host, n.port) for n in state.nodes]
-        self.fleet = Fleet(endpoints, FleetOptions(key_path=state.operator_key, known_hosts=state.known_hosts,
-                                                   backoff_max=2.0),
-                           on_frame=self._on_frame, on_status=self._on_status)
-        self.store = IncidentStore(self.dir / "incidents.db",
-                                   on_trouble=lambda why: self._progress(why or "incident database written again"))
-        playbooks = tuple(pb for pb in load_builtin() if pb.name not in self.options.skip_playbooks)
-        unknown = set(self.options.skip_playbooks) - {pb.name for pb in load_builtin()}
-        if unknown:
-            raise RuntimeError(f"no shipped playbook named {', '.join(sorted(unknown))}")
-        self.engine = Engine(playbooks, SystemClock())
-        executor = Executor(self.store, FleetSink(self.fleet, on_action=self._on_action, args_hook=self._checkpoint_step,
-                                       acting=self.options.act), who="playbook")
-        self.supervisor = Supervisor(self.engine, executor, on_plan=self._on_plan,
-                                     tick_interval=self.options.tick_interval)
+        # The same file `gridwatch console --cluster` reads: a second console can attach with it.
+        path = write_cluster(self.dir / "cluster.toml", ClusterConfig(
+            nodes=[n.endpoint for n in state.nodes], key=str(Path(state.operator_key).resolve()),
+            known_hosts=str(Path(state.known_hosts).resolve()), db=str((self.dir / "incidents.db").resolve()),
+            scheduler=self.options.scheduler, operator=self.options.operator))
+        try:
+            options = RuntimeOptions.from_cluster(
+                load_cluster(path), backoff_max=2.0, tick_interval=self.options.tick_interval,
+                acting=self.options.act, skip_playbooks=self.options.skip_playbooks, stop_wait=5.0)
+            runtime = build_runtime(options)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
+        hooks = runtime.hooks
+        hooks.plan.append(self._on_plan)
+        hooks.action.append(self._on_action)
+        hooks.frame.append(self._on_frame)
+        hooks.link.append(self._on_status)
+        hooks.alert.append(lambda why: self._progress(why or "incident database written again"))
+        hooks.recovered.append(self._on_recovered)
+        self.runtime, self.fleet, self.store, self.engine = runtime, runtime.fleet, runtime.plan_store, runtime.engine
         mode = "active" if self.options.act else "watching only (no step that acts is sent)"
-        self._progress(f"{len(playbooks)} playbooks {mode}; incidents and audit in {self.dir / 'incidents.db'}")
+        count = len(runtime.engine.playbooks) if runtime.engine is not None else 0
+        self._progress(f"{count} playbooks {mode}; incidents and audit in {self.dir / 'incidents.db'}; "
+                       f"watch from another terminal: gridwatch console --cluster {path} --read-only")
         self.started_at = self.clock()
 
     async def attach(self) -> None:
         """Connect to every agent as operator and start acting (the console does this itself when shown)."""
-        assert self.fleet is not None and self.supervisor is not None
-        await self.fleet.start()
+        assert self.runtime is not None
+        await self.runtime.start()
         self._begin()
 
     def _begin(self) -> None:
-        assert self.supervisor is not None
-        self.supervisor.start()
         self._tasks.append(asyncio.create_task(self._poll_training()))
         if self.options.chaos_every:
             import random
@@ -131,21 +138,13 @@ class DemoSession:
     # --------------------------------------------------------------- frames
 
     def _on_frame(self, link: Any, frame: p.Frame) -> None:
-        if self.runtime is not None:
-            self.runtime.on_frame(link, frame)
-        node = str(frame.node) or link.name
-        if isinstance(frame, p.Sample) and frame.trainer is not None:
-            self.trainer_status[node] = frame.trainer
-        elif isinstance(frame, p.Event) and frame.kind == "fault_injected":
+        if isinstance(frame, p.Event) and frame.kind == "fault_injected":
+            node = str(frame.node) or link.name
             kind = str(frame.details.get("fault", "")) or "fault"
             self._record_fault(FaultRecord(node=node, kind=kind, at=frame.ts or self.clock(), code=frame.code,
                                            gpu=frame.gpu))
-        assert self.supervisor is not None
-        self.supervisor.feed(node, frame)
 
     def _on_status(self, link: Any) -> None:
-        if self.runtime is not None:
-            self.runtime.on_status(link)
         self.say(f"{self._stamp()} link {link.name}: {link.state}" + (f" ({link.last_error})" if link.last_error else ""))
 
     def _on_plan(self, plan: Any) -> None:
@@ -156,18 +155,10 @@ class DemoSession:
     def _on_action(self, node: str, action: str, result: p.ActionResult) -> None:
         self.say(f"{self._stamp()}   {action} on {node}: {'ok' if result.ok else 'FAILED'} {result.message}")
 
-    def _checkpoint_step(self, node: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Name the checkpoint step for restart_from: the trainer wants a step, a playbook says "newest"."""
-        if action != "restart_from" or "step" in args:
-            return args
-        # Every node gets the same step: the newest any trainer reports (a node that just rejoined
-        # may still show its old process's checkpoints).
-        steps = sorted({s for status in self.trainer_status.values() for s in status.checkpoints.values()})
-        if args.get("checkpoint") == "before" and args.get("before_step") is not None:
-            steps = [s for s in steps if s < int(args["before_step"])]
-        if steps:
-            args = {**args, "step": steps[-1]}
-        return args
+    def _on_recovered(self, row: Any) -> None:
+        detect = "-" if row.detect_s is None else f"{row.detect_s:.1f} s"
+        self.say(f"{self._stamp()} incident {row.id} recovered: the job trains past step {row.fault_step}; "
+                 f"detected in {detect}, recovered in {row.recover_s:.1f} s")
 
     def _record_fault(self, fault: FaultRecord) -> None:
         for known in self.faults:
@@ -182,9 +173,11 @@ class DemoSession:
         return [n for n in self.cluster.names() if n not in out and self.cluster.agents[n].alive()]
 
     async def inject(self, node: str, spec: FaultSpec, gpu: int = 0) -> p.ActionResult:
-        """Inject a fault through the operator action inject_fault, as `gridwatch fault` does."""
+        """Inject a fault through the operator action inject_fault, as `gridwatch fault` does (audited)."""
+        assert self.runtime is not None
         at = self.clock()
-        result = await self.fleet.action(node, "inject_fault", spec.args(gpu), reason=f"demo fault: {spec.label}")
+        result = await self.runtime.node_action(node, "inject_fault", f"demo fault: {spec.label}", spec.args(gpu),
+                                                who="demo-chaos")
         self.say(f"{self._stamp()} fault {spec.label} on {node} gpu {gpu}: {'ok' if result.ok else 'FAILED'} {result.message}")
         if result.ok:
             self._record_fault(FaultRecord(node=node, kind=spec.kind, at=at, code=spec.code, gpu=gpu))
@@ -198,8 +191,10 @@ class DemoSession:
         if self.cluster.respawn_agent(node):
             self.say(f"{self._stamp()} repair: agent on {node} restarted")
             await asyncio.sleep(3.0)
+        assert self.runtime is not None
         for action in ("clear_faults", "unisolate"):
-            result = await self.fleet.action(node, action, {}, reason="demo repair: node fixed")
+            # Through the runtime: audited, and an unisolate hands the node back to the scheduler.
+            result = await self.runtime.node_action(node, action, "demo repair: node fixed", who="demo-repair")
             if not result.ok:
                 self.say(f"{self._stamp()} repair: {action} on {node} FAILED {result.message}")
                 return
@@ -213,9 +208,9 @@ class DemoSession:
                 self.say(f"{self._stamp()} repair: cannot ask {node}'s trainer to rejoin: {exc}")
         # The technician closes the node's tickets: its next fault is a new incident, not a repeat.
         for incident in list(self.engine.incidents()):
-            if incident.node == node and self.engine.resolve(incident.id):
+            if incident.node == node:
                 try:
-                    self.store.resolve(incident.id, "demo-repair", "node fixed and back in service")
+                    self.runtime.resolve(incident.id, "node fixed and back in service", who="demo-repair")
                 except LookupError:
                     pass  # never planned, so never stored
         self.say(f"{self._stamp()} repair: {node} back in service")
@@ -241,15 +236,10 @@ class DemoSession:
         return facts
 
     def summary(self) -> DemoSummary:
+        """What the run did, measured from the injected faults and the trainer's own metrics."""
         self.watch.poll()
-        result = summarize(self.faults, self.incident_facts(), self.watch.points, self.started_at, self.clock(),
-                           self._notes)
-        for row in result.incidents:
-            if row.recovered_s is not None:
-                fault_at = next((f.at for f in self.faults if f.node == row.node), None)
-                if fault_at is not None:
-                    self.store.mark_recovered(row.id, fault_at + row.recovered_s)
-        return result
+        return summarize(self.faults, self.incident_facts(), self.watch.points, self.started_at, self.clock(),
+                         self._notes)
 
     # --------------------------------------------------------------- close
 
@@ -257,10 +247,8 @@ class DemoSession:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.supervisor is not None:
-            await self.supervisor.stop()
-        if self.fleet is not None:
-            await self.fleet.stop()
+        if self.runtime is not None:
+            await self.runtime.stop()
         await asyncio.to_thread(self.cluster.stop)
         if self.store is not None:
             self.store.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 from loguru import logger
 
-from agents.procs import pid_alive
+from trainer.control import pid_alive
 
 STATE_NAME = "demo.json"
 POINTER_NAME = "gridwatch-demo.current"

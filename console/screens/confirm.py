@@ -11,8 +11,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from console.state import QueryError, parse_duration
 from console.widgets import PlainStatic, plain_text
+from playbooks.durations import parse_duration
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class ConfirmScreen(ModalScreen[Confirmed | None]):
             yield Label(plain_text(Text(self.title_text, style="bold")), id="confirm-title")
             yield PlainStatic(self.what, id="confirm-what")
             if self.ask_duration is not None:
-                yield Input(value=self.ask_duration, placeholder="for how long: 30m, 2h", id="confirm-duration")
+                yield Input(value=self.ask_duration, placeholder="for how long: 500ms, 30m, 2h", id="confirm-duration")
             yield Input(placeholder="reason (goes to the audit log)", id="confirm-reason")
             yield PlainStatic(id="confirm-error")
             with Horizontal(id="confirm-buttons"):
@@ -52,10 +52,13 @@ class ConfirmScreen(ModalScreen[Confirmed | None]):
     def _finish(self) -> None:
         seconds = None
         if self.ask_duration is not None:
+            # The one duration grammar, as in playbooks: 500ms, 90, 60s, 5m, 1h, 2d.
             try:
                 seconds = parse_duration(self.query_one("#confirm-duration", Input).value)
-            except QueryError as exc:
-                self.query_one("#confirm-error", Static).update(Text(str(exc), style="red"))
+                if seconds <= 0:
+                    raise ValueError("it must last longer than 0")
+            except ValueError as exc:
+                self.query_one("#confirm-error", Static).update(Text(f"bad duration: {exc}", style="red"))
                 return
         self.dismiss(Confirmed(self.query_one("#confirm-reason", Input).value.strip(), seconds))
 

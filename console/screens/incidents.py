@@ -1,4 +1,4 @@
-"""Open and recent incidents: timeline, playbook, audit trail; acknowledge, silence, act."""
+"""Open and recent incidents: timeline with time to detect and to recover, playbook, audit trail; acknowledge, silence, act."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ INCIDENT_COLUMNS = [
     Column("node", "NODE", 16),
     Column("title", "WHAT", 40),
     Column("playbook", "PLAYBOOK", 22),
+    Column("ttd", "TTD", 7, "right"),
+    Column("ttr", "TTR", 7, "right"),
     Column("age", "AGE", 6, "right"),
 ]
 STATE_STYLES = {"open": Style(color="red", bold=True), "acknowledged": Style(color="yellow"),
@@ -33,6 +35,12 @@ def _when(ts: float | None) -> str:
     return "—" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.1f}s" if value < 100 else format_age(value)
+
+
 def incident_cells(row: IncidentRow, now: float) -> list[Cell]:
     return [
         (row.severity, SEVERITY_STYLES.get(row.severity)),
@@ -40,8 +48,21 @@ def incident_cells(row: IncidentRow, now: float) -> list[Cell]:
         (row.node, None),
         (row.title, None),
         (row.playbook or "", None),
+        (_secs(row.detect_s), None),
+        (_secs(row.recover_s), None),
         (format_age(now - row.detected_at), None),
     ]
+
+
+def mean_times(rows: list[IncidentRow]) -> str:
+    """MTTD and MTTR over the incidents listed that have them, for the title line."""
+    detect = [r.detect_s for r in rows if r.detect_s is not None]
+    recover = [r.recover_s for r in rows if r.recover_s is not None]
+    if not detect and not recover:
+        return ""
+    mttd = f"{sum(detect) / len(detect):.1f}s" if detect else "—"
+    mttr = f"{sum(recover) / len(recover):.1f}s over {len(recover)}" if recover else "—"
+    return f"  MTTD {mttd}  MTTR {mttr}"
 
 
 def incident_detail(row: IncidentRow) -> Text:
@@ -49,9 +70,14 @@ def incident_detail(row: IncidentRow) -> Text:
     text = Text()
     text.append(row.title, style="bold")
     text.append(f"  on {row.node}  [{row.id}]\n")
-    text.append(f"detected   {_when(row.detected_at)}\n")
+    if row.fault_at is not None:
+        step = "" if row.fault_step is None else f"  (training step {row.fault_step})"
+        text.append(f"fault      {_when(row.fault_at)}{step}\n")
+    detect = "" if row.detect_s is None else f"  ({row.detect_s:.1f} s after the fault)"
+    text.append(f"detected   {_when(row.detected_at)}{detect}\n")
     text.append(f"acted      {_when(row.acted_at)}\n")
-    text.append(f"recovered  {_when(row.recovered_at)}\n")
+    recover = "" if row.recover_s is None else f"  ({row.recover_s:.1f} s after the fault: the job trains past it)"
+    text.append(f"recovered  {_when(row.recovered_at)}{recover}\n")
     if row.silenced_until is not None and row.state == "silenced":
         text.append(f"silenced until {_when(row.silenced_until)}\n", style="grey50")
     text.append(f"playbook   {row.playbook or 'none'}\n")
@@ -93,9 +119,9 @@ class IncidentsScreen(ViewScreen):
         self.query_one("#incident-table", TextTable).focus()
 
     def refresh_view(self) -> None:
-        self.set_title(("gridwatch", "bold"), "  incidents")
         backend = self.runtime.incidents
         rows = backend.incidents() if backend is not None else []
+        self.set_title(("gridwatch", "bold"), "  incidents", mean_times(rows))
         self.rows = {r.id: r for r in rows}
         now = self.store.clock.now()
         table = self.query_one("#incident-table", TextTable)

@@ -40,7 +40,7 @@ class KeysScreen(ModalScreen[None]):
             seen.add(key)
             self.rows.append((_key_label(key), binding.description))
         self.rows.append(("ctrl+p", "command palette"))
-        self.rows.extend((f":{command}", what) for command, what in COMMANDS.items())
+        self.rows.extend((f":{entry.usage}", entry.help) for entry in COMMANDS)
         table = Table(expand=True, show_header=False, box=None)
         table.add_column("key", style="bold cyan", width=14)
         table.add_column("does")

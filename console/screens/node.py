@@ -177,6 +177,24 @@ def checks_text(node: NodeState, now: float) -> Text:
     return text
 
 
+def isolate_effect(action: str, scheduler: str) -> str:
+    """What isolating (or putting back) really does, for the confirm dialog.
+
+    Isolation is gridwatch's own mark, kept by the agent; the scheduler's drain
+    is another thing, made only by a playbook's drain_node step.
+    """
+    if action == "isolate":
+        text = (": gridwatch marks it isolated (kept across agent restarts), its trainer is asked to leave the job, "
+                "and playbooks send it no more job-wide steps")
+        if scheduler != "none":
+            text += f". {scheduler.capitalize()} is not told: only a playbook's drain_node step drains it there"
+        return text
+    text = ": gridwatch clears its isolation mark, so playbooks count it in the job again"
+    if scheduler != "none":
+        text += f"; a {scheduler.capitalize()} drain that gridwatch made is resumed"
+    return text
+
+
 class NodeScreen(ViewScreen):
     """Opened with enter on a node; streams that node's log lines while open."""
 
@@ -265,9 +283,7 @@ class NodeScreen(ViewScreen):
     def action_isolate(self) -> None:
         node = self.store.by_name(self.node_name)
         action = "unisolate" if node is not None and node.isolated else "isolate"
-        what = Text.assemble(f"{action} node ", (self.node_name, "bold"),
-                             ": the scheduler stops placing work on it" if action == "isolate" else
-                             ": it may take work again")
+        what = Text.assemble(f"{action} node ", (self.node_name, "bold"), isolate_effect(action, self.runtime.scheduler))
         self._confirm_then(action, what)
 
     def action_checkpoint(self) -> None:

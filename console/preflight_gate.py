@@ -22,6 +22,7 @@ class GateClosed(Exception):
 def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pre-flight (checks the nodes' agents before launch)")
     g.add_argument("--agents", metavar="SPEC", help="the nodes' agents in hostlist syntax; pre-flight runs on them first")
+    g.add_argument("--cluster", metavar="FILE", help="cluster.toml naming the agents, key and known_hosts (instead of the three flags)")
     g.add_argument("--key", metavar="PATH", help="key for the agents (with --agents)")
     g.add_argument("--known-hosts", metavar="PATH", help="known_hosts for the agents (with --agents)")
     g.add_argument("--exclude-failed", action="store_true", help="launch on the nodes that passed; without it any failure stops the launch")
@@ -31,9 +32,15 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def run_gate(args: argparse.Namespace) -> Gate:
     """Pre-flight the agents named by ``--agents``; the node names that may train."""
+    from console.config import load_cluster
     from console.hostlist import HostlistError, parse_endpoints
     from console.preflight import PreflightOptions, run_preflight
 
+    if getattr(args, "cluster", None):
+        config = load_cluster(args.cluster)  # raises ConfigError (a ValueError): one line, exit 2
+        args.agents = args.agents or config.node_spec
+        args.key = args.key or config.key
+        args.known_hosts = args.known_hosts or config.known_hosts
     if not args.agents:
         return Gate(names=[])
     if not args.key or not args.known_hosts:

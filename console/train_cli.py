@@ -7,6 +7,8 @@ import signal
 import sys
 import time
 
+from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run the supervised trainer on N simulated nodes of this machine")
@@ -35,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reduce", choices=("exact", "fast"), default="exact")
     p.add_argument("--control-group", default="",
                    help="a group whose members may use the nodes' control sockets too (default: this user and root only)")
-    from trainer.preflight_gate import add_options
+    from console.preflight_gate import add_options
 
     add_options(p)
     p.set_defaults(func=_run)
@@ -64,7 +66,7 @@ def _config(args: argparse.Namespace):  # -> TrainConfig, kept lazy for a fast -
 
 def _run(args: argparse.Namespace) -> int:
     from trainer.launch import cluster_command, node_names, prepare, start_local_run
-    from trainer.preflight_gate import GateClosed, run_gate
+    from console.preflight_gate import GateClosed, run_gate
 
     try:
         cfg = _config(args)
@@ -78,15 +80,15 @@ def _run(args: argparse.Namespace) -> int:
         if args.print_torchrun:
             cfg = prepare(cfg, args.resume, local=False)
             print(cluster_command(cfg, args.nodes, args.min_nodes, membership=args.membership))
-            return 0
+            return EXIT_OK
         run = start_local_run(cfg, names, resume=args.resume, min_nodes=args.min_nodes, rdzv=args.rdzv,
                               membership=args.membership)
     except GateClosed as exc:
         print(f"gridwatch train: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"gridwatch train: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     # `kill` of this command stops the run cleanly, like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"training {run.cfg.steps} steps on {len(names)} nodes; metrics in {run.metrics_path}, logs in {run.run_dir / 'logs'}")
@@ -107,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if code == 0:
         print(f"done: {run.last_step()} steps")
-    else:
-        print(f"error: the run stopped at step {run.last_step()} of {run.cfg.steps}; see {run.run_dir / 'logs'}", file=sys.stderr)
-    return code
+        return EXIT_OK
+    # Whatever the nodes exited with (torchrun passes on a worker's 75 or 76), the command says: it ran, it failed.
+    print(f"error: the run stopped at step {run.last_step()} of {run.cfg.steps}; see {run.run_dir / 'logs'}", file=sys.stderr)
+    return EXIT_FAILED

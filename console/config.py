@@ -1,0 +1,141 @@
+"""cluster.toml, parsed once into a typed struct: what the console, tail, preflight and the demo read of a deployment.
+
+A wrong type or an unknown key is one :class:`ConfigError` sentence naming the
+file, the key and what was expected; commands print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from playbooks.model import SCHEDULERS
+
+
+class ConfigError(ValueError):
+    """cluster.toml cannot be used; the message names the file, the key and what was expected."""
+
+
+class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One deployment, as cluster.toml describes it. Paths are made absolute against the file's folder."""
+
+    nodes: str | list[str]  # hostlist syntax, or a list of such strings
+    key: str | None = None  # private key; the agents' lists decide viewer or operator
+    known_hosts: str | None = None  # pins the agents' host keys
+    scheduler: str = "none"  # what drain_node tells: none | slurm | kubernetes
+    read_only: bool = False  # never act, even with an operator key
+    operator: str | None = None  # who this console is in the audit log (default: the login)
+    db: str | None = None  # incidents, steps and audit log (SQLite)
+    playbooks: str | list[str] = []  # more playbook files or folders
+    connect_timeout: float = 5.0  # seconds to reach an agent before trying again
+    # Reserved for choosing which of several consoles acts (an etcd lease): accepted and kept, not used yet.
+    etcd: list[str] = []
+
+    @property
+    def node_spec(self) -> str:
+        """``nodes`` as one hostlist string."""
+        return self.nodes if isinstance(self.nodes, str) else ",".join(self.nodes)
+
+    @property
+    def playbook_paths(self) -> list[str]:
+        return [self.playbooks] if isinstance(self.playbooks, str) else list(self.playbooks)
+
+
+# What each key takes, in the words an error shows.
+EXPECTED: dict[str, str] = {
+    "nodes": 'a hostlist string or a list of them, e.g. "node[01-16]:8022"',
+    "key": "a path to the private key",
+    "known_hosts": "a path to the known_hosts file",
+    "scheduler": f"one of {', '.join(SCHEDULERS)}",
+    "read_only": "true or false",
+    "operator": "a name for the audit log",
+    "db": "a path to the incident database",
+    "playbooks": "a path or a list of paths to playbook files or folders",
+    "connect_timeout": "a number of seconds above 0",
+    "etcd": 'a list of etcd endpoints, e.g. ["http://10.0.0.1:2379"]',
+}
+_AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+
+
+def _error(path: str, key: str, value: Any = msgspec.UNSET) -> ConfigError:
+    got = "" if value is msgspec.UNSET else f", got {value!r}"[:120]
+    return ConfigError(f"{path}: {key}: expected {EXPECTED.get(key, 'something else')}{got}")
+
+
+def parse_cluster(text: str, path: str) -> ClusterConfig:
+    """The struct in ``text`` (read from ``path``, which errors name and relative paths start from)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        config = msgspec.convert(data, ClusterConfig)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        unknown = _UNKNOWN.search(message)
+        if unknown:
+            raise ConfigError(f"{path}: unknown key {unknown.group(1)!r} (known keys: "
+                              f"{', '.join(ClusterConfig.__struct_fields__)})") from None
+        at = _AT_KEY.search(message)
+        if at:
+            raise _error(path, at.group(1), data.get(at.group(1), msgspec.UNSET)) from None
+        if "missing required field" in message:
+            raise ConfigError(f"{path}: no 'nodes': expected {EXPECTED['nodes']}") from None
+        raise ConfigError(f"{path}: {message}") from None
+    if config.scheduler not in SCHEDULERS:
+        raise _error(path, "scheduler", config.scheduler)
+    if not config.node_spec.strip():
+        raise _error(path, "nodes", config.nodes)
+    if not math.isfinite(config.connect_timeout) or config.connect_timeout <= 0:
+        raise _error(path, "connect_timeout", config.connect_timeout)
+    if config.operator is not None and not config.operator.strip():
+        raise _error(path, "operator", config.operator)
+    base = Path(path).parent
+
+    def resolve(value: str | None) -> str | None:
+        return None if value is None else str(base / Path(value).expanduser())
+
+    books = [str(resolve(p)) for p in config.playbook_paths]
+    return msgspec.structs.replace(config, key=resolve(config.key), known_hosts=resolve(config.known_hosts),
+                                   db=resolve(config.db), playbooks=books)
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """Read and check cluster.toml at ``path``; :class:`ConfigError` in one sentence when it cannot be used."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_cluster(text, str(path))
+
+
+def write_cluster(path: str | Path, config: ClusterConfig) -> Path:
+    """Write ``config`` as cluster.toml (what ``gridwatch demo`` leaves for a second console to attach with)."""
+    lines = []
+    for name in ClusterConfig.__struct_fields__:
+        value = getattr(config, name)
+        if value is None or (name == "etcd" and not value):
+            continue
+        lines.append(f"{name} = {_toml(value)}")
+    out = Path(path)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    # JSON string escapes are valid TOML basic-string escapes.
+    return msgspec.json.encode(str(value)).decode()

@@ -1,0 +1,170 @@
+"""One typed cluster.toml for every command, the scheduler wired to the executor, shipped playbooks replaced only
+when asked, and the incident database migrated to schema 2."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.config import ConfigError, load_cluster
+from console.runtime import RuntimeOptions, build_runtime
+from playbooks.loader import BUILTIN_DIR, load_with_builtin
+from playbooks.store import IncidentStore, StoreError
+from tests.conftest import free_port
+
+PY = sys.executable
+
+
+def gridwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cluster_toml(tmp_path: Path, keys, extra: str = "") -> Path:  # noqa: ANN001
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
+                    f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n{extra}')
+    return path
+
+
+@pytest.mark.parametrize("extra, says", [
+    ('scheduler = "slurn"\n', "scheduler: expected one of none, slurm, kubernetes, got 'slurn'"),
+    ('schedular = "slurm"\n', "unknown key 'schedular'"),
+    ('read_only = "yes"\n', "read_only: expected true or false, got 'yes'"),
+    ('connect_timeout = nan\n', "connect_timeout: expected a number of seconds above 0"),
+    ('playbooks = 3\n', "playbooks: expected a path or a list of paths"),
+])
+@pytest.mark.parametrize("command", [["console", "--headless"], ["tail"], ["preflight"]])
+def test_a_bad_cluster_toml_is_one_line_naming_file_and_key_and_exit_2(keys, tmp_path, extra, says, command) -> None:
+    path = cluster_toml(tmp_path, keys, extra)
+    res = gridwatch(*command, "--cluster", str(path))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
+    assert str(path) in res.stderr and says in res.stderr
+
+
+def test_the_scheduler_of_cluster_toml_reaches_the_executor_and_the_flag_wins(keys, tmp_path) -> None:
+    path = cluster_toml(tmp_path, keys, 'scheduler = "slurm"\noperator = "alice"\netcd = ["http://10.0.0.1:2379"]\n')
+    config = load_cluster(path)
+    options = RuntimeOptions.from_cluster(config)
+    assert (options.scheduler, options.operator, options.etcd) == ("slurm", "alice", ["http://10.0.0.1:2379"])
+    assert options.db_path == str(tmp_path / "incidents.db")  # relative to the file
+    runtime = build_runtime(options)
+    try:
+        assert runtime.executor.scheduler == "slurm" and runtime.scheduler == "slurm"
+    finally:
+        runtime.plan_store.close()
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--duration", "0.2")
+    assert res.returncode == 0, res.stderr
+    assert "scheduler slurm, acting as alice" in res.stdout
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--duration", "0.2", "--scheduler", "kubernetes")
+    assert res.returncode == 0 and "scheduler kubernetes" in res.stdout
+
+
+def test_a_missing_or_broken_cluster_toml_is_one_line(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_cluster(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("nodes = [")
+    with pytest.raises(ConfigError, match=f"{bad}: not valid TOML"):
+        load_cluster(bad)
+    nodes = tmp_path / "nodes.toml"
+    nodes.write_text('key = "k"\n')
+    with pytest.raises(ConfigError, match="no 'nodes'"):
+        load_cluster(nodes)
+
+
+# ------------------------------------------------------------------- playbooks
+
+
+def _shipped_copy(tmp_path: Path, name: str, header: str = "") -> Path:
+    folder = tmp_path / "books"
+    folder.mkdir(exist_ok=True)
+    text = (BUILTIN_DIR / f"{name}.yaml").read_text().replace("description: ", "description: ours. ", 1)
+    path = folder / f"{name}.yaml"
+    path.write_text(header + text)
+    return path
+
+
+def test_a_user_playbook_named_like_a_shipped_one_is_an_error_unless_it_replaces_it(keys, tmp_path) -> None:
+    mine = _shipped_copy(tmp_path, "xid-application")
+    result = load_with_builtin([mine])
+    assert not result.ok
+    (error,) = result.errors
+    assert error.path == str(mine) and "'xid-application'" in error.message and "replaces" in error.message
+    # Through the product: one line naming the file and the name, exit 2.
+    path = cluster_toml(tmp_path, keys, f'playbooks = ["{mine.parent}"]\n')
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--duration", "0.2")
+    assert res.returncode == 2 and str(mine) in res.stderr and "xid-application" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
+
+    mine.write_text("replaces: xid-application\n" + mine.read_text())
+    result = load_with_builtin([mine])
+    assert result.ok, result.errors
+    (used,) = [pb for pb in result.playbooks if pb.name == "xid-application"]
+    assert used.source == str(mine) and used.description.startswith("ours.")
+    assert len(result.playbooks) == len(load_with_builtin([]).playbooks)
+
+
+def test_replaces_must_name_a_shipped_playbook(tmp_path) -> None:
+    mine = _shipped_copy(tmp_path, "xid-application")
+    mine.write_text("replaces: xid-everything\n" + mine.read_text().replace("name: xid-application", "name: mine"))
+    result = load_with_builtin([mine])
+    assert not result.ok and "'xid-everything', which is not a shipped playbook" in str(result.errors[0])
+
+
+# ------------------------------------------------------------------- database
+
+# The incidents table as schema 1 wrote it.
+_V1 = """
+CREATE TABLE incidents (
+    id TEXT PRIMARY KEY, playbook TEXT NOT NULL, node TEXT NOT NULL, gpu INTEGER,
+    kind TEXT NOT NULL, severity TEXT NOT NULL, scope TEXT NOT NULL, summary TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'open', silenced_until REAL, symptoms INTEGER NOT NULL DEFAULT 1,
+    detected_at REAL NOT NULL, acted_at REAL, recovered_at REAL, resolved_at REAL,
+    acknowledged_by TEXT, incident_json BLOB NOT NULL
+);
+CREATE TABLE steps (
+    id TEXT PRIMARY KEY, incident TEXT NOT NULL REFERENCES incidents(id), idx INTEGER NOT NULL,
+    step TEXT NOT NULL, target TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL,
+    state TEXT NOT NULL, started_at REAL, finished_at REAL, outcome TEXT NOT NULL DEFAULT '',
+    planned_json BLOB NOT NULL
+);
+CREATE TABLE audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, who TEXT NOT NULL, what TEXT NOT NULL,
+    why TEXT NOT NULL, incident TEXT, step TEXT, phase TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO incidents (id, playbook, node, kind, severity, scope, summary, detected_at, recovered_at, incident_json)
+VALUES ('xid-hardware:node-1:1000', 'xid-hardware', 'node-1', 'xid', 'critical', 'node', 'xid 79', 1000.0, 1009.0,
+        '{"id": "xid-hardware:node-1:1000", "playbook": "xid-hardware", "kind": "xid", "severity": "critical",
+          "scope": "node", "node": "node-1", "opened_at": 1000.0, "last_seen_at": 1000.0}');
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_schema_1_database_is_migrated_to_2_and_keeps_its_incidents(tmp_path) -> None:
+    db = tmp_path / "incidents.db"
+    raw = sqlite3.connect(db)
+    raw.executescript(_V1)
+    raw.close()
+    store = IncidentStore(db)
+    try:
+        (rec,) = store.incidents()
+        assert rec.id == "xid-hardware:node-1:1000" and rec.fault_at is None and rec.recover_s is None
+        store.mark_fault(rec.id, 999.5, 40)
+        store.mark_fault(rec.id, 990.0, 12)  # the first answer stays
+        rec = store.incident(rec.id)
+        assert (rec.fault_at, rec.fault_step, rec.detect_s, rec.recover_s) == (999.5, 40, 0.5, 9.5)
+    finally:
+        store.close()
+    check = sqlite3.connect(db)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert check.execute("SELECT detect_s, recover_s FROM incident_times").fetchone() == (0.5, 9.5)
+    check.execute("PRAGMA user_version = 3")
+    check.commit()
+    check.close()
+    with pytest.raises(StoreError, match="newer gridwatch"):
+        IncidentStore(db)
