@@ -339,7 +339,8 @@ async def test_a_search_answer_over_the_frame_limit_arrives_cut_and_says_so(keys
     log = tmp_path / "big.log"
     log.write_text("".join(f"{i:05d} " + "y" * 4000 + "\n" for i in range(5000)))  # 20 MB of matching lines
     tailer = LogTailer([str(log)], kernel=False, from_start=True, read_bytes=32 << 20)
-    ra = await start_agent(keys, interval=0.05, tailer=tailer)
+    # 20 MB through a search worker twice: a generous deadline, so a loaded machine only makes it slower.
+    ra = await start_agent(keys, interval=0.05, tailer=tailer, search_timeout=120.0)
     fleet, _ = make_fleet(ra, keys)
     try:
         await wait_until(lambda: len(tailer.entries()) == 5000, what="the log buffered")
@@ -351,7 +352,7 @@ async def test_a_search_answer_over_the_frame_limit_arrives_cut_and_says_so(keys
         assert 100 < len(res.lines) < 5000 and str(res.lines[-1].line).startswith("04999 "), "the newest lines are kept"
         await fleet.start()
         await wait_until(lambda: fleet.connected == 1, what="the console linked")
-        found = await fleet.search("y", limit=5000)
+        found = await fleet.search("y", limit=5000, timeout=120.0)
         assert len(found) == len(res.lines), "the console takes the answer in (an oversized one it would drop)"
     finally:
         await fleet.stop()
