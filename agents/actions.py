@@ -59,7 +59,7 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
         if kind == "xid" and code is None:
             return _unchanged(action, False, "an xid fault needs a code (e.g. --code 79)")
         try:
-            what = agent.gpus.inject(kind, gpu=gpu, code=code)  # type: ignore[attr-defined]
+            what = agent.gpus.inject(kind, gpu=gpu, code=code)
         except ValueError as exc:
             return _unchanged(action, False, str(exc))
         agent.event("fault_injected", f"injected {what}", severity="info", fault=kind, gpu=gpu, code=code)
@@ -74,7 +74,7 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
         asyncio.get_running_loop().call_later(0.3, os.kill, os.getpid(), signal.SIGKILL)
         return _result(action, True, "agent-kill: the agent dies now")
     if kind in ("trainer-hang", "trainer-crash"):
-        status = agent.trainer.status if agent.trainer is not None else None  # type: ignore[attr-defined]
+        status = agent.trainer.status if agent.trainer is not None else None
         pid = status.pid if status is not None else None
         if not pid or not pid_alive(pid):
             return _unchanged(action, False, "no local trainer process to fault")
@@ -87,7 +87,7 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
 
 async def clear_faults(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if agent.gpus is not None and getattr(agent.gpus, "simulated", False):
-        agent.gpus.clear_faults()  # type: ignore[attr-defined]
+        agent.gpus.clear_faults()
     agent.net_cut = False
     return _result(action, True, "faults cleared")
 
@@ -111,7 +111,7 @@ async def isolate(agent: Agent, caller: Caller, action: p.Action) -> p.ActionRes
     agent.event("isolated", f"node isolated by {caller.username}: {action.reason}", severity="warning")
     left = ""
     if agent.trainer is not None:
-        reply = await agent.trainer.control("leave", {})  # type: ignore[attr-defined]
+        reply = await agent.trainer.control("leave", {})
         left = f"; trainer: {reply.get('message', 'asked to leave') if reply.get('ok') else reply.get('error', 'no answer')}"
     return _result(action, True, f"isolated{left}")
 
@@ -131,7 +131,7 @@ async def trainer_control(agent: Agent, caller: Caller, action: p.Action) -> p.A
     name = str(action.action)
     if agent.trainer is None:
         return _result(action, False, f"{name}: no trainer is attached to this node")
-    reply = await agent.trainer.control(name, dict(action.args))  # type: ignore[attr-defined]
+    reply = await agent.trainer.control(name, dict(action.args))
     ok = bool(reply.get("ok"))
     return _result(action, ok, str(reply.get("message") or reply.get("error") or ("done" if ok else "failed")), reply=reply)
 
@@ -187,10 +187,10 @@ def _write_scene(agent: Agent, where: Path) -> list[str]:
     _write_private(where / "frames.jsonl", b"".join(frames))
     files = ["frames.jsonl"]
     if agent.tailer is not None:
-        lines = agent.tailer.entries()[-5000:]  # type: ignore[attr-defined]
+        lines = agent.tailer.entries()[-5000:]
         _write_private(where / "logs.txt", "".join(f"{ts:.3f} {src}: {line}\n" for src, line, ts in lines).encode())
         files.append("logs.txt")
-    status = agent.trainer.status if agent.trainer is not None else None  # type: ignore[attr-defined]
+    status = agent.trainer.status if agent.trainer is not None else None
     if status is not None:
         _write_private(where / "trainer.json", p.encode(p.Sample(trainer=status)))
         files.append("trainer.json")
@@ -219,7 +219,7 @@ def _process_stacks(pid: int) -> str:
 
 async def preflight(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     try:
-        from agents.preflight import run_checks  # type: ignore[import-not-found]
+        from agents.preflight import run_checks
     except ImportError:
         return _result(action, False, "this agent has no pre-flight checks")
     return await run_checks(agent, action, caller.role)

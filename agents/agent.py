@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from loguru import logger
@@ -28,6 +29,14 @@ from agents.ringbuffer import FrameRing
 from agents.logs import LogEntry
 from agents.sources import GuardedSource, Outcome
 from agents.sources.logs import LogsSource
+
+if TYPE_CHECKING:  # for the annotations only: the runner builds these and hands them in
+    from agents.logs import LogTailer
+    from agents.metrics import MetricsExporter
+    from agents.patrol import Patrol
+    from agents.sources import GpuSource
+    from agents.sources.host import HostSource
+    from agents.trainer_link import TrainerLink
 
 AGENT_VERSION = "0.1.0"
 # A client's private replies (action results, log lines) waiting to be sent. A
@@ -107,11 +116,11 @@ class Agent:
         self,
         config: AgentConfig,
         *,
-        gpus: object | None = None,
-        host: object | None = None,
-        tailer: object | None = None,
-        metrics: object | None = None,
-        trainer: object | None = None,
+        gpus: GpuSource | None = None,
+        host: HostSource | None = None,
+        tailer: LogTailer | None = None,
+        metrics: MetricsExporter | None = None,
+        trainer: TrainerLink | None = None,
         stack: p.StackFingerprint | None = None,
         notes: list[str] | None = None,
         clock: Callable[[], float] = time.time,
@@ -124,7 +133,7 @@ class Agent:
         self.tailer = tailer
         self.metrics = metrics
         self.trainer = trainer
-        self.patrol: object | None = None  # set by the runner when patrol_interval is on
+        self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
         self.notes = [p.Text(n) for n in (notes or [])]
         self.clock = clock
@@ -145,7 +154,7 @@ class Agent:
         self.searches = 0  # search workers running now
         self._searching: set[str] = set()  # client keys with a search running
         self.preflight_running: str | None = None  # id of the pre-flight this node is running
-        self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []  # type: ignore[attr-defined]
+        self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
         self._tick_ms: float | None = None
@@ -197,16 +206,17 @@ class Agent:
                 client.wake.set()
         return frame.seq
 
-    def event(self, kind: str, message: str, severity: str = "warning", **extra: object) -> None:
+    def event(self, kind: str, message: str, severity: str = "warning", *, gpu: int | None = None,
+              code: int | None = None, **extra: object) -> None:
         """Publish an event the agent itself raises (actions, isolation, faults)."""
-        details = {k: p.Text(str(v)) for k, v in extra.items() if v is not None and k not in ("gpu", "code")}
+        details = {k: p.Text(str(v)) for k, v in extra.items() if v is not None}
         self.publish(
             p.Event(
                 kind=p.Text(kind),
                 severity=p.Text(severity),
                 message=p.Text(p.clean_text(message)),
-                gpu=extra.get("gpu"),  # type: ignore[arg-type]
-                code=extra.get("code"),  # type: ignore[arg-type]
+                gpu=gpu,
+                code=code,
                 source=p.Text("agent"),
                 details=details,
             )
@@ -254,8 +264,8 @@ class Agent:
                 continue
             held = self._guards.get(slot)
             if held is None or held[0] is not obj:
-                source = LogsSource(obj) if slot == "tailer" else obj  # type: ignore[arg-type]
-                held = (obj, GuardedSource(source, self.config.source_timeout, self._monotonic))  # type: ignore[arg-type]
+                source = LogsSource(obj) if slot == "tailer" else obj
+                held = (obj, GuardedSource(source, self.config.source_timeout, self._monotonic))
                 self._guards[slot] = held
             guards.append(held[1])
         return guards
@@ -317,16 +327,16 @@ class Agent:
         )
         patrol_failing = None
         if self.patrol is not None and getattr(self.patrol, "last", None) is not None:
-            patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]  # type: ignore[attr-defined]
+            patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]
         self.publish(p.Sample(gpus=gpu_samples, host=host, agent=stats, trainer=trainer_status, isolated=self.isolated,
                               patrol_failing=patrol_failing))
         for ev in events:
             self.publish(ev)
             if self.metrics is not None:
-                self.metrics.record_event(ev)  # type: ignore[attr-defined]
+                self.metrics.record_event(ev)
         if self.metrics is not None:
-            self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)  # type: ignore[attr-defined]
-            self.metrics.record_sources([g.health() for g in guards])  # type: ignore[attr-defined]
+            self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)
+            self.metrics.record_sources([g.health() for g in guards])
         self._tick_ms = (time.perf_counter() - t0) * 1000
 
     def _send_log_lines(self, lines: list[tuple[str, str, float]]) -> None:
@@ -474,7 +484,7 @@ class Agent:
         self._searching.add(key)
         try:
             # The whole buffer in one copy, filtered here: the logs source appends to it from its own thread.
-            entries = [e for e in self.tailer.entries() if (req.since is None or e[2] >= req.since)  # type: ignore[attr-defined]
+            entries = [e for e in self.tailer.entries() if (req.since is None or e[2] >= req.since)
                        and (req.until is None or e[2] <= req.until)]
             found = await search_entries(entries, str(req.pattern), limit + 1, self.config.search_timeout)
         except SearchRefused as exc:

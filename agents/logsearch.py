@@ -16,6 +16,7 @@ import re
 import resource
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -23,10 +24,15 @@ from agents.protocol import clean_text
 from agents.workers import ChildTimeout, run_child
 
 try:  # the parser's home since Python 3.11
+    # attr-defined: the stubs know these private modules only by their deprecated sre_* names.
     from re import _constants as _c, _parser as _sre  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _sre  # type: ignore[no-redef]
+    import sre_constants as _c
+    import sre_parse as _sre
+
+# A parsed pattern is a sequence of (op, argument) nodes whose argument's shape depends
+# on the op; the parser is private and gives them no type.
+_Parsed = Any
 
 MAX_PATTERN_CHARS = 500
 # Each open repetition can take any share of a line, so k of them try about
@@ -56,41 +62,41 @@ class _Request(msgspec.Struct, array_like=True):
     lines: list[str]
 
 
-def _children(op: object, av: object) -> list[object]:
+def _children(op: object, av: _Parsed) -> list[_Parsed]:
     """The sub-patterns under one parsed node."""
     if op in _REPEATS:
-        return [av[2]]  # type: ignore[index]
+        return [av[2]]
     if op is _c.SUBPATTERN:
-        return [av[-1]]  # type: ignore[index]
+        return [av[-1]]
     if op is _c.BRANCH:
-        return list(av[1])  # type: ignore[index]
+        return list(av[1])
     if op in (_c.ASSERT, _c.ASSERT_NOT):
-        return [av[1]]  # type: ignore[index]
+        return [av[1]]
     if op is getattr(_c, "ATOMIC_GROUP", None):
         return [av]
     return []
 
 
-def _open_repeats(items: object) -> int:
+def _open_repeats(items: _Parsed) -> int:
     """How many repetitions in the parsed pattern have no upper bound, or a wide one."""
     count = 0
-    for op, av in items:  # type: ignore[attr-defined]
-        if op in _REPEATS and (av[1] == _c.MAXREPEAT or av[1] - av[0] > _OPEN_RANGE):  # type: ignore[index]
+    for op, av in items:
+        if op in _REPEATS and (av[1] == _c.MAXREPEAT or av[1] - av[0] > _OPEN_RANGE):
             count += 1
         for child in _children(op, av):
             count += _open_repeats(child)
     return count
 
 
-def _walk(items: object, inside_repeat: bool) -> None:
-    for op, av in items:  # type: ignore[attr-defined]
+def _walk(items: _Parsed, inside_repeat: bool) -> None:
+    for op, av in items:
         if op in _BACKREFS:
             raise SearchRefused("back-references are not allowed in a log search")
-        variable = op in _REPEATS and av[1] != av[0]  # type: ignore[index]
+        variable = op in _REPEATS and av[1] != av[0]
         if inside_repeat and variable:
             raise SearchRefused("a repetition inside a repetition (like (a+)+) is not allowed in a log search")
         # A fixed count repeats too: (a?){30} backtracks as badly as (a?)+.
-        repeats = op in _REPEATS and av[1] > 1  # type: ignore[index]
+        repeats = op in _REPEATS and av[1] > 1
         if inside_repeat and op is _c.BRANCH:
             raise SearchRefused("an alternation inside a repetition (like (a|b)+) is not allowed in a log search; use a character class")
         for child in _children(op, av):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from enum import StrEnum
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, Union, get_args
 
 import msgspec
 
@@ -59,10 +59,18 @@ STALE_AFTER_INTERVALS = 3.0
 MAX_NESTING = 32
 
 
-class Text(str):
-    """A string that came from a node: cleaned on decode, rendered as plain text."""
+if TYPE_CHECKING:
+    # To the type checker Text is a plain str. The class exists so the decoder can find
+    # every field (and dict key) a node fills and clean it; the strings our own code puts
+    # into a frame are trusted, and a nominal subtype would reject every str literal used
+    # as a dict key (dict keys are invariant) without checking anything about cleaning.
+    Text: TypeAlias = str
+else:
 
-    __slots__ = ()
+    class Text(str):
+        """A string that came from a node: cleaned on decode, rendered as plain text."""
+
+        __slots__ = ()
 
 
 def clean_text(value: str, limit: int = MAX_LINE_CHARS) -> str:
@@ -316,7 +324,7 @@ ClientFrame = Union[Subscribe, Action, Search]
 AnyFrame = Union[AgentFrame, ClientFrame]
 
 FRAME_TYPES: frozenset[str] = frozenset(
-    t.__struct_config__.tag for t in AnyFrame.__args__  # type: ignore[attr-defined]
+    t.__struct_config__.tag for t in get_args(AnyFrame)
 )
 
 EVENT_KINDS: frozenset[str] = frozenset(

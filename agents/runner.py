@@ -68,11 +68,12 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
     bound = acceptor.sockets[0].getsockname()[1] if acceptor.sockets else port
     log = logger.bind(node=str(agent.node))
     log.info("agent {} listening on {}:{} (subsystem gridwatch)", agent.node, host, bound)
-    if agent.metrics is not None and config.metrics_addr():
-        mhost, mport = config.metrics_addr()  # type: ignore[misc]
-        agent.metrics.start(mhost, mport)  # type: ignore[attr-defined]
+    metrics_addr = config.metrics_addr() if agent.metrics is not None else None
+    if agent.metrics is not None and metrics_addr is not None:
+        mhost, mport = metrics_addr
+        agent.metrics.start(mhost, mport)
     if agent.trainer is not None:
-        agent.trainer.start()  # type: ignore[attr-defined]
+        agent.trainer.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -89,7 +90,7 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
     finally:
         acceptor.close()
         if agent.trainer is not None:
-            await agent.trainer.stop()  # type: ignore[attr-defined]
+            await agent.trainer.stop()
         agent.close_sources()
         stuck = await cancel_the_rest(STOP_GRACE_S)
         if stuck:

@@ -128,9 +128,9 @@ def fingerprint(extra_packages: list[str] | None = None, *, nvml: bool = True) -
             fields[name] = version
         else:
             packages[name] = version
-    fp = StackFingerprint(
+    fp = msgspec.structs.replace(
+        StackFingerprint(packages={k: Text(v) for k, v in sorted(packages.items())}),
         **{k: Text(v) if v is not None else None for k, v in fields.items()},
-        packages={k: Text(v) for k, v in sorted(packages.items())},
     )
     fp.hash = Text(stack_hash(fp))
     return fp

@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _PR_SET_PDEATHSIG = 1
@@ -25,7 +26,7 @@ class ChildTimeout(TimeoutError):
     """The child ran past its deadline and was killed."""
 
 
-def _load_prctl() -> object | None:
+def _load_prctl() -> Callable[..., int] | None:
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -41,7 +42,7 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec. An agent killed with SIGKILL runs no
     # cleanup at all; the kernel then kills its workers for it.
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -93,7 +93,7 @@ class GridwatchApp(App[None]):
     def action_command_line(self) -> None:
         self.push_screen(CommandLine(), self.run_command)
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:  # async, as the App action it overrides
         if len(self.screen_stack) > 1 and isinstance(self.screen, ViewScreen):
             self.pop_screen()
 

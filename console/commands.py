@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
+    from loguru import Record
+
     from console.config import ClusterConfig
 
 
@@ -20,10 +22,10 @@ def clean_logs() -> None:
 
     from agents.protocol import clean_text
 
-    def patch(record: dict) -> None:
+    def patch(record: Record) -> None:
         record["message"] = clean_text(record["message"])
 
-    logger.configure(patcher=patch)  # type: ignore[arg-type]
+    logger.configure(patcher=patch)
 
 
 def add_target_options(ap: argparse.ArgumentParser, required: bool = True) -> None:

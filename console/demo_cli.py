@@ -6,9 +6,13 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from playbooks.model import SCHEDULERS
+
+if TYPE_CHECKING:  # imported when a demo starts, so that --help stays light
+    from console.demo.session import DemoOptions
 
 # The agent's fault kinds (agents.actions.FAULT_KINDS), listed here so --help needs no agent import.
 FAULT_KINDS = ("xid", "ecc-dbe", "thermal", "fell-off-bus", "hang", "trainer-hang", "trainer-crash", "agent-kill",
@@ -127,7 +131,7 @@ def _cancel_on_sigterm() -> None:
             pass
 
 
-async def _headless(options, duration: float, as_json: bool) -> int:  # type: ignore[no-untyped-def]
+async def _headless(options: DemoOptions, duration: float, as_json: bool) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
     from console.demo.summary import render
@@ -159,7 +163,7 @@ async def _headless(options, duration: float, as_json: bool) -> int:  # type: ig
     return EXIT_OK
 
 
-async def _with_console(options, duration: float | None) -> int:  # type: ignore[no-untyped-def]
+async def _with_console(options: DemoOptions, duration: float | None) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
 
@@ -171,7 +175,12 @@ async def _with_console(options, duration: float | None) -> int:  # type: ignore
         return EXIT_ERROR
     _cancel_on_sigterm()
     lines: list[str] = []
-    session = DemoSession(options, say=lambda line: (print(line, flush=True), lines.append(line)))
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    session = DemoSession(options, say=say)
     try:
         await session.start()
         session.say = lines.append  # the screen owns the terminal from here on

@@ -26,7 +26,9 @@ class Endpoint:
 
 def _split_top(spec: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in spec:
         if ch == "[":
             depth += 1
@@ -99,17 +101,19 @@ def compress(names: list[str]) -> str:
             order.append(key)
         groups[key].append(int(m.group(2)))
     out: list[str] = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            out.append(entry)
             continue
-        head, tail, width = key
-        nums = sorted(set(groups[key]))
+        head, tail, width = entry
+        nums = sorted(set(groups[entry]))
         if len(nums) == 1:
             out.append(f"{head}{str(nums[0]).zfill(width)}{tail}")
             continue
-        ranges, start, prev = [], nums[0], nums[0]
-        for n in nums[1:] + [None]:  # type: ignore[list-item]
+        ranges: list[str] = []
+        start = prev = nums[0]
+        closing: list[int | None] = [*nums[1:], None]  # None closes the last range
+        for n in closing:
             if n is not None and n == prev + 1:
                 prev = n
                 continue

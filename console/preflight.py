@@ -225,9 +225,9 @@ def judge_stacks(report: PreflightReport, baseline: p.StackFingerprint | None) -
     if baseline is None:
         return None
     for name, fp in fps.items():
-        node = report.node(name)
-        assert node is not None
-        check = node.checks["stack"]
+        reported = report.node(name)
+        assert reported is not None
+        check = reported.checks["stack"]
         diffs = stack_differences(fp, baseline)
         if diffs:
             more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""

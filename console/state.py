@@ -804,9 +804,9 @@ class StateStore:
                 out.append(entry)
         # Raw log lines carry no severity: a severity filter keeps events only.
         if min_rank is None:
-            for rec in self.logs:
-                line = rec.line
-                entry = LogEntry(line.line_ts or line.ts, rec.node, "", str(line.source), str(line.line), False)
+            for log_rec in self.logs:
+                line = log_rec.line
+                entry = LogEntry(line.line_ts or line.ts, log_rec.node, "", str(line.source), str(line.line), False)
                 if _matches(entry, nodes, None, since, until, query.pattern):
                     out.append(entry)
         out.sort(key=lambda e: e.ts)

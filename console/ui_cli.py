@@ -113,8 +113,8 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
                          f"detected in {detect}, recovered in {row.recover_s:.1f} s"), flush=True)
 
     runtime.hooks.recovered.append(recovered)
-    links = len(getattr(runtime.fleet, "links", {}) or {})
-    print(clean_text(f"console: {links} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
+    node_count = len(getattr(runtime.fleet, "links", {}) or {})
+    print(clean_text(f"console: {node_count} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
                      + (", read-only" if runtime.read_only_flag else "")), flush=True)
     await runtime.start()
     store = runtime.store

@@ -216,8 +216,8 @@ class Engine:
                 if plan is not None:
                     plans.append(plan)
         for key, incident in list(self._open.items()):
-            pb = self._playbook(incident.playbook)
-            window = pb.dedup_window if pb else 600.0
+            owner = self._playbook(incident.playbook)
+            window = owner.dedup_window if owner else 600.0
             ongoing = (incident.kind == "heartbeat_lost" and incident.recovered_at is None)
             if incident.state != "pending" and not ongoing and now - incident.last_seen_at > window:
                 self._close(key, incident, now, "closed: quiet for the dedup window")
@@ -584,8 +584,8 @@ class Engine:
                 cause.notes.append(f"{now:.3f} {incident.symptoms} {pb.name} symptoms attributed to this fault")
                 incident.state, incident.merged_into = "merged", cause.id
                 incident.notes.append(f"{now:.3f} merged into {cause.id}: caused by {cause.node}")
-                key = next(k for k, v in self._open.items() if v is incident)
-                self._close(key, incident, now, f"merged into {cause.id}")
+                open_key = next(k for k, v in self._open.items() if v is incident)
+                self._close(open_key, incident, now, f"merged into {cause.id}")
                 return None
             job_nodes = [n for n in self.nodes.values()
                          if not n.out and (not incident.job or not n.job or n.job == incident.job)]

@@ -413,6 +413,7 @@ class IncidentStore:
     def set_step(self, step_id: str, state: str, outcome: str = "", *, started: bool = False,
                  decision: str | None = None) -> None:
         now = self.clock.now()
+        ops: list[Op]
         if started:
             ops = [("UPDATE steps SET state=?, started_at=?, outcome=? WHERE id=?", (state, now, outcome, step_id))]
         elif state in STEP_DONE_STATES:

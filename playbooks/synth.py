@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from agents.protocol import Event, Frame, GpuSample, Hello, LogLine, Sample, StackFingerprint, TrainerStatus
 from playbooks.model import ConditionTrigger, EventTrigger, LogTrigger, MetricTrigger, Playbook
 from playbooks.trace import record_line
@@ -66,7 +68,8 @@ def scenario_lines(playbook: Playbook, sc: Scenario) -> list[bytes]:
         t += cond.hold + 2
     # Everyone but a node whose heartbeat is to be lost keeps reporting, past any settle time.
     quiet = isinstance(trig, ConditionTrigger) and trig.condition == "heartbeat_lost"
-    until = t + max(playbook.settle, (trig.missed + 2) if quiet else 0) + 2
+    quiet_for = (trig.missed + 2) if quiet and isinstance(trig, ConditionTrigger) else 0
+    until = t + max(playbook.settle, quiet_for) + 2
     while t <= until:
         frames.extend(_sample(n, t) for n in sc.nodes if not (quiet and n == sc.node))
         t += 1
@@ -77,7 +80,7 @@ def _gpu_with(metric: str, index: int, value: float) -> GpuSample:
     field = {"gpu.temperature": "temp_c", "gpu.util": "util", "gpu.power": "power_w", "gpu.mem_util": "mem_util",
              "gpu.memory_used": "mem_used_mb", "gpu.sm_clock": "sm_clock_mhz", "gpu.mem_clock": "mem_clock_mhz"}
     if metric in field:
-        return GpuSample(index=index, **{field[metric]: value})
+        return msgspec.structs.replace(GpuSample(index=index), **{field[metric]: value})
     if metric.startswith("gpu.throttle."):
         reason = "hw_thermal_slowdown" if metric.endswith("thermal") else "sw_power_cap"
         return GpuSample(index=index, throttle=[reason] if value else [])
@@ -86,5 +89,5 @@ def _gpu_with(metric: str, index: int, value: float) -> GpuSample:
     counters = {"gpu.ecc_sbe": "ecc_sbe", "gpu.ecc_dbe": "ecc_dbe", "gpu.retired_pages": "retired_pages",
                 "gpu.pcie_replay": "pcie_replay", "gpu.nvlink_errors": "nvlink_errors"}
     if metric in counters:
-        return GpuSample(index=index, **{counters[metric]: int(value)})
+        return msgspec.structs.replace(GpuSample(index=index), **{counters[metric]: int(value)})
     return GpuSample(index=index, temp_c=60.0)

@@ -14,6 +14,10 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+# What msgspec decodes into: a class, or a union such as ``Manifest | str``. Typing has
+# no name for "a type expression" yet (PEP 747's TypeForm), so the result's type comes
+# from the value a caller passes instead.
+TypeForm = Any
 
 
 def _device() -> torch.device:
@@ -24,7 +28,7 @@ def _encode(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(msgspec.json.encode(obj)), dtype=torch.uint8).to(_device())
 
 
-def _decode(t: torch.Tensor, size: int, type_: type[T]) -> T:
+def _decode(t: torch.Tensor, size: int, type_: TypeForm) -> Any:
     return msgspec.json.decode(bytes(t[:size].cpu().tolist()), type=type_)
 
 
@@ -42,8 +46,11 @@ def all_gather_object(obj: T, type_: type[T]) -> list[T]:
     return [_decode(p, int(s.item()), type_) for p, s in zip(parts, sizes, strict=True)]
 
 
-def broadcast_object(obj: T | None, src: int, type_: type[T]) -> T:
-    """``obj`` as rank ``src`` holds it, on every rank, decoded as ``type_``."""
+def broadcast_object(obj: T, src: int, type_: TypeForm) -> T:
+    """``obj`` as rank ``src`` holds it, on every rank, decoded as ``type_`` (a class or a union).
+
+    Only rank ``src``'s ``obj`` is sent; the others pass a placeholder of the same type.
+    """
     dev = _device()
     size = torch.zeros(1, dtype=torch.long, device=dev)
     data = _encode(obj) if dist.get_rank() == src else None

@@ -67,8 +67,9 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     owner: ControlServer
 
-    def verify_request(self, request: socket.socket, client_address: object) -> bool:  # type: ignore[override]
-        return self.owner.admit(request)
+    def verify_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> bool:
+        # A stream server's request is its connected socket (the tuple is a datagram server's).
+        return isinstance(request, socket.socket) and self.owner.admit(request)
 
 
 REFUSAL_LOG_S = 60.0

@@ -39,8 +39,10 @@ STORE_ENV = "GRIDWATCH_STORE"  # HOST:PORT of the job's store, for the workers
 
 
 class KV(Protocol):
+    """The four calls of a c10d Store that the coordinator and heartbeats use."""
+
     def add(self, key: str, value: int) -> int: ...
-    def set(self, key: str, value: str | bytes) -> None: ...
+    def set(self, key: str, value: str) -> None: ...  # str, as torch's Store.set declares
     def get(self, key: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
 
@@ -200,7 +202,7 @@ class Coordinator:
 
     def _publish(self, members: list[str], sync: str) -> Generation:
         gen = Generation(gen=(self.current.gen if self.current else 0) + 1, members=members, sync=sync)
-        self.store.set(f"{GEN_KEY}/{gen.gen}", msgspec.json.encode(gen))
+        self.store.set(f"{GEN_KEY}/{gen.gen}", msgspec.json.encode(gen).decode())  # the store keeps it as UTF-8
         self.store.add(GEN_KEY, 1)  # after the description: a reader that sees the number finds it
         logger.info("generation {}: {} ({})", gen.gen, ", ".join(members), sync)
         self.current = gen

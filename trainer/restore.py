@@ -86,7 +86,7 @@ def restore_newest(
                 result = validate(Path(cand.path), model_fingerprint)
             except CheckpointInvalid as exc:
                 result = str(exc)
-        result = broadcast_object(result, cand.rank, Manifest | str | None)  # type: ignore[arg-type]
+        result = broadcast_object(result, cand.rank, Manifest | str | None)
         if isinstance(result, str):
             line = f"tier {cand.tier} checkpoint at step {cand.step} on rank {cand.rank} is unusable: {result}; falling back"
             skipped.append(line)
@@ -101,7 +101,7 @@ def restore_newest(
                 load_tensors(Path(cand.path), {**live, **rngs})
             except CheckpointInvalid as exc:
                 ok = str(exc)
-        ok = broadcast_object(ok, cand.rank, bool | str)  # type: ignore[arg-type]
+        ok = broadcast_object(ok, cand.rank, bool | str)
         if ok is not True:
             line = f"tier {cand.tier} checkpoint at step {cand.step} could not be loaded: {ok}; falling back"
             skipped.append(line)

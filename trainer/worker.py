@@ -64,6 +64,13 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient after ``backward()``: every parameter of the model is in the loss."""
+    grad = param.grad
+    assert grad is not None, "a parameter took no part in the loss"
+    return grad
+
+
 class Worker:
     def __init__(self, cfg: TrainConfig, node: str, backend: str = "gloo", membership: Membership | None = None) -> None:
         self.cfg = cfg
@@ -461,7 +468,7 @@ class Worker:
             x, y = self.sampler.tensors(batches[slot])
             loss = self.model(x, y)
             loss.backward()
-            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            flat = torch.cat([_grad(p).reshape(-1) for p in self.params])
             if exact:
                 grads[slot] = flat
             else:

@@ -306,9 +306,10 @@ class NvmlSource(GpuSource):
         dev = self._by_handle.get(_handle_key(data.device))
         index = dev.index if dev is not None else None
         details = {"pci_bus_id": dev.info.pci_bus_id or Text(""), "uuid": dev.info.uuid} if dev else {}
-        etype, code = data.eventType, int(data.eventData)
+        etype, xid = data.eventType, int(data.eventData)
+        code: int | None = xid  # an ECC event has no code
         if etype & nv.nvmlEventTypeXidCriticalError:
-            kind, severity, message = "xid", xid_severity(code), f"XID {code}: {xid_meaning(code)}"
+            kind, severity, message = "xid", xid_severity(xid), f"XID {xid}: {xid_meaning(xid)}"
         elif etype & nv.nvmlEventTypeDoubleBitEccError:
             kind, severity, message, code = "ecc_dbe", "critical", "double-bit ECC error", None
         else:

@@ -157,7 +157,7 @@ class Cluster:
         child = self.agents.get(name)
         if child is None or child.alive():
             return False
-        self.agents[name] = spawn(name, list(child.proc.args), child.log_path)  # type: ignore[arg-type]
+        self.agents[name] = spawn(name, child.argv, child.log_path)
         if self.state is not None:
             node = self.state.node(name)
             if node is not None:

@@ -39,6 +39,7 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str]  # as started, so that a dead one can be started again
 
     @property
     def pid(self) -> int:
@@ -63,7 +64,7 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
             start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
     logger.bind(node=name).debug("started pid {}: {}", proc.pid, " ".join(argv))
-    return Child(name, proc, log_path)
+    return Child(name, proc, log_path, list(argv))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

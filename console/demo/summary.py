@@ -156,8 +156,8 @@ def summarize(faults: list[FaultRecord], incidents: list[IncidentFacts], points:
     answered: set[int] = set()
     for inc in sorted(incidents, key=lambda i: i.detected_at):
         fault_index = None
-        for index, fault in enumerate(faults):
-            if fault.node == inc.node and 0 <= inc.detected_at - fault.at <= MATCH_WINDOW_S:
+        for index, candidate in enumerate(faults):
+            if candidate.node == inc.node and 0 <= inc.detected_at - candidate.at <= MATCH_WINDOW_S:
                 fault_index = index  # the latest fault before it on that node
         fault = faults[fault_index] if fault_index is not None else None
         detected = inc.detected_at - fault.at if fault else None
