@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agents import protocol as p
-from console.fleet import Fleet, FleetOptions
-from console.hostlist import parse_endpoints
+from console.fleet.client import Fleet, FleetOptions
+from console.fleet.hostlist import parse_endpoints
 from tests.conftest import start_agent, stop_agent, wait_until
 from trainer.control_server import ControlServer
 

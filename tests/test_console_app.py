@@ -9,9 +9,9 @@ import pytest
 from textual import events
 
 from agents.protocol import ActionResult, Event, LogLine, Text
-from console.app import GridwatchApp
-from console.runtime import ConsoleRuntime, IncidentRow, MemoryIncidents
-from console.screens import (
+from console.tui.app import GridwatchApp
+from console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
+from console.tui.screens import (
     CommandLine,
     ConfirmScreen,
     FleetScreen,
@@ -21,8 +21,8 @@ from console.screens import (
     NodeScreen,
     TrainingScreen,
 )
-from console.state import ManualClock, StateStore
-from console.widgets import GpuHeatmap, TextTable
+from console.fleet.state import ManualClock, StateStore
+from console.tui.widgets import GpuHeatmap, TextTable
 from tests.test_state import T0, fill_fleet, make_hello, make_sample, make_trainer
 
 SIZE = (160, 50)
@@ -169,7 +169,7 @@ async def test_keys_typed_straight_after_colon_reach_the_command_line_in_order()
 
 
 def test_one_command_table_drives_the_line_the_keys_screen_and_the_palette() -> None:
-    from console.screens.command_line import COMMANDS, Verb, parse_command
+    from console.tui.screens.command_line import COMMANDS, Verb, parse_command
 
     assert [(c.verb, rest) for c, rest in [parse_command(t) for t in ("node", "node node02", "no", "lo", "pf n[1-2]")]] \
         == [(Verb.NODES, ""), (Verb.NODE, "node02"), (Verb.NODES, ""), (Verb.LOGS, ""), (Verb.PREFLIGHT, "n[1-2]")]
@@ -279,7 +279,7 @@ async def test_a_silence_takes_the_playbooks_duration_grammar() -> None:
 
 @pytest.mark.parametrize("scheduler", ["none", "slurm"])
 async def test_isolate_and_unisolate_from_the_node_view_say_what_happens_and_are_audited(tmp_path, scheduler) -> None:
-    from console.runtime import StoreIncidents
+    from console.runtime.core import StoreIncidents
     from playbooks.executor import Executor
     from playbooks.store import IncidentStore
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.protocol import Event, Text
-from console.app import GridwatchApp
-from console.hostlist import Endpoint
-from console.runtime import ConsoleRuntime, StoreIncidents
-from console.screens import ConfirmScreen, IncidentsScreen
-from console.state import ManualClock, StateStore
-from console.widgets import TextTable
+from console.tui.app import GridwatchApp
+from console.fleet.hostlist import Endpoint
+from console.runtime.core import ConsoleRuntime, StoreIncidents
+from console.tui.screens import ConfirmScreen, IncidentsScreen
+from console.fleet.state import ManualClock, StateStore
+from console.tui.widgets import TextTable
 from playbooks.engine import Engine
 from playbooks.loader import load_builtin
 from playbooks.store import IncidentStore
@@ -68,7 +68,7 @@ async def test_an_xid_becomes_an_incident_that_survives_a_restart_and_is_acknowl
 
 
 def test_the_executor_probe_reads_heartbeat_isolation_and_checkpoints_from_the_store() -> None:
-    from console.runtime import StoreProbe
+    from console.runtime.core import StoreProbe
     from tests.test_state import make_trainer
 
     clock = ManualClock(T0)

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from console.app import GridwatchApp
-from console.hostlist import parse_endpoints
-from console.runtime import RuntimeOptions, build_runtime
-from console.screens import FleetScreen, NodeScreen
-from console.widgets import GpuHeatmap, TextTable
+from console.tui.app import GridwatchApp
+from console.fleet.hostlist import parse_endpoints
+from console.runtime.core import RuntimeOptions, build_runtime
+from console.tui.screens import FleetScreen, NodeScreen
+from console.tui.widgets import GpuHeatmap, TextTable
 from tests.conftest import ROOT, start_agent, stop_agent, wait_until
 from tests.test_console_app import shown
 

@@ -254,7 +254,7 @@ class _Fleet:
 
 
 async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failures_stand() -> None:
-    from console.runtime import ConsoleRuntime
+    from console.runtime.core import ConsoleRuntime
 
     absent = (False, "trainer control socket /x.sock: no trainer is listening at /x.sock")
     fleet = _Fleet([absent, absent, (True, "restart_from accepted")])
@@ -272,7 +272,7 @@ async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failure
 
 
 async def test_a_watch_only_runtime_sends_no_step_that_acts() -> None:
-    from console.runtime import ConsoleRuntime
+    from console.runtime.core import ConsoleRuntime
 
     fleet = _Fleet([])
     runtime = ConsoleRuntime(fleet=fleet, acting=False)

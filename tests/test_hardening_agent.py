@@ -19,7 +19,7 @@ from agents import protocol as p
 from agents.agent import Agent, Caller
 from agents.config import AgentConfig
 from agents.ratelimit import KeyedBuckets, TokenBucket
-from console.fleet import LinkState
+from console.fleet.client import LinkState
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
 from tests.test_stream import make_fleet, of_type
 

@@ -24,8 +24,8 @@ from agents.config import AgentConfig
 from agents.logs import LogTailer
 from agents.protocol import Event, Hello, Sample, Text, TrainerStatus
 from agents.trainer_link import TrainerLink
-from console.fleet import Fleet, FleetOptions, LinkState, hello_name_refusal
-from console.hostlist import Endpoint
+from console.fleet.client import Fleet, FleetOptions, LinkState, hello_name_refusal
+from console.fleet.hostlist import Endpoint
 from playbooks.clock import ManualClock
 from playbooks.engine import Engine
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until

@@ -38,8 +38,8 @@ def _mode(path: Path) -> int:
 
 
 def _runtime(ra, keys, db: Path, **extra):
-    from console.hostlist import Endpoint
-    from console.runtime import RuntimeOptions, build_runtime
+    from console.fleet.hostlist import Endpoint
+    from console.runtime.core import RuntimeOptions, build_runtime
 
     return build_runtime(RuntimeOptions(endpoints=[Endpoint("127.0.0.1", ra.port)], key_path=str(keys.operator_key),
                                         known_hosts=str(keys.known_hosts), db_path=str(db), **extra))
@@ -252,8 +252,8 @@ def _seeded_db(path: Path) -> list[str]:
 
 
 def test_bad_rows_are_skipped_and_named_and_the_console_still_starts(keys, tmp_path):
-    from console.hostlist import Endpoint
-    from console.runtime import RuntimeOptions, build_runtime
+    from console.fleet.hostlist import Endpoint
+    from console.runtime.core import RuntimeOptions, build_runtime
 
     db = tmp_path / "incidents.db"
     good, bad_json, bad_type = _seeded_db(db)
@@ -504,8 +504,8 @@ def test_the_demo_pointer_folder_in_tmp_must_be_ours(tmp_path, monkeypatch):
 
 
 async def test_a_headless_console_prints_its_alert_on_stderr(capsys):
-    from console.runtime import ConsoleRuntime
-    from console.ui_cli import _headless
+    from console.runtime.core import ConsoleRuntime
+    from console.cli.ui import _headless
 
     runtime = ConsoleRuntime()
     runtime.set_alert("the incident database /x cannot be written (database or disk is full)")

@@ -15,10 +15,10 @@ import pytest
 from loguru import logger
 
 from agents import protocol as p
-from console.fleet import Fleet, FleetOptions, LinkState, explain
-from console.hostlist import Endpoint, parse_endpoints
-from console.screens import FleetScreen, TrainingScreen
-from console.state import StateStore
+from console.fleet.client import Fleet, FleetOptions, LinkState, explain
+from console.fleet.hostlist import Endpoint, parse_endpoints
+from console.tui.screens import FleetScreen, TrainingScreen
+from console.fleet.state import StateStore
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
 from tests.hostile_peer import CSI_CLEAR, OSC_CLIPBOARD, OSC_TITLE, contains_escape, hostile_peer
 
@@ -231,7 +231,7 @@ def test_replay_reports_a_deep_line_and_goes_on(tmp_path: Path, capsys: pytest.C
 
 
 async def test_a_disconnect_reason_full_of_escapes_is_never_logged_stored_or_shown_raw(keys) -> None:
-    from console.runtime import RuntimeOptions, build_runtime
+    from console.runtime.core import RuntimeOptions, build_runtime
 
     logged: list[str] = []
     sink = logger.add(lambda message: logged.append(str(message)), level="DEBUG")
@@ -282,7 +282,7 @@ def _hostile_publish(agent: Any, claim: str) -> None:
 
 
 async def test_an_agent_cannot_raise_an_xid_in_another_nodes_name(keys) -> None:
-    from console.runtime import RuntimeOptions, build_runtime
+    from console.runtime.core import RuntimeOptions, build_runtime
 
     healthy = await start_agent(keys, name="node-1")
     hostile = await start_agent(keys, name="node-2")

@@ -24,12 +24,11 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "agents": ("agents",),
     "trainer": ("trainer",),
     "playbooks": ("playbooks",),
-    # fleet client, state, runtime, pre-flight, the hostlist: the console below its UI
-    "console-core": ("console",),
-    "console-tui": ("console.app", "console.screens", "console.widgets"),
+    # console/ is split into its rooms: the fleet client and state, the runtime, the TUI, the demo, the cli
+    "console-core": ("console", "console.fleet", "console.runtime"),
+    "console-tui": ("console.tui",),
     "console-demo": ("console.demo",),
-    "console-cli": ("console.cli", "console.__main__", "console.commands", "console.ui_cli", "console.demo_cli",
-                    "console.preflight_cli", "console.train_cli"),
+    "console-cli": ("console.cli", "console.__main__"),
 }
 
 NODE_FORBIDDEN = ("textual", "rich", "torch")  # a node's install has none of them

@@ -13,8 +13,8 @@ from agents import protocol as p
 from agents.preflight import latest_gpu_samples
 from agents.stack import fingerprint, stack_hash
 from console.cli import main
-from console.hostlist import parse_endpoints
-from console.preflight import PreflightOptions, PreflightReport, load_baseline, run_preflight_async
+from console.fleet.hostlist import parse_endpoints
+from console.fleet.preflight import PreflightOptions, PreflightReport, load_baseline, run_preflight_async
 from tests.conftest import free_port, start_agent, stop_agent, wait_until
 
 FAST = dict(write_test_mb=1.0, net_sample_s=0.05, connect_timeout=5.0, action_timeout=30.0)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agents import protocol as p
-from console.hostlist import parse_endpoints
-from console.preflight import NodeReport, PreflightOptions, PreflightReport, judge_comm, run_preflight_async
+from console.fleet.hostlist import parse_endpoints
+from console.fleet.preflight import NodeReport, PreflightOptions, PreflightReport, judge_comm, run_preflight_async
 from tests.conftest import free_port, start_agent, stop_agent
 
 

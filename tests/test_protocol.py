@@ -7,7 +7,7 @@ import pytest
 from agents import protocol as p
 from agents.framing import LineBuffer
 from agents.ringbuffer import FrameRing
-from console.hostlist import HostlistError, compress, expand, parse_endpoints
+from console.fleet.hostlist import HostlistError, compress, expand, parse_endpoints
 
 
 def test_every_frame_carries_version_type_seq_ts_node():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from console.config import ConfigError, load_cluster
-from console.runtime import RuntimeOptions, build_runtime
+from console.runtime.config import ConfigError, load_cluster
+from console.runtime.core import RuntimeOptions, build_runtime
 from playbooks.loader import BUILTIN_DIR, load_with_builtin
 from playbooks.store import IncidentStore, StoreError
 from tests.conftest import free_port

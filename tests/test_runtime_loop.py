@@ -13,8 +13,8 @@ import sqlite3
 from pathlib import Path
 
 from agents import protocol as p
-from console.hostlist import parse_endpoints
-from console.runtime import RuntimeOptions, StoreIncidents, build_runtime
+from console.fleet.hostlist import parse_endpoints
+from console.runtime.core import RuntimeOptions, StoreIncidents, build_runtime
 from tests.conftest import start_agent, stop_agent, wait_until
 from trainer.control import decode_request
 from trainer.control_server import ControlServer

@@ -17,7 +17,7 @@ from agents.protocol import (
     decode_agent_frame,
     encode,
 )
-from console.state import (
+from console.fleet.state import (
     GPU_UTIL,
     ManualClock,
     Metric,
@@ -120,7 +120,7 @@ def test_the_node_whose_stack_differs_from_the_majority_is_flagged(store) -> Non
 
 
 def test_an_even_split_of_stacks_flags_no_one_as_pre_flight_judges_it(store) -> None:
-    from console.preflight import majority_hash
+    from console.fleet.preflight import majority_hash
 
     for name, stack in (("a", "one"), ("b", "one"), ("c", "two"), ("d", "two")):
         store.apply(make_hello(name, stack=stack))

@@ -9,8 +9,8 @@ import asyncssh
 import pytest
 
 from agents import protocol as p
-from console.fleet import Fleet, FleetOptions, LinkState
-from console.hostlist import parse_endpoints
+from console.fleet.client import Fleet, FleetOptions, LinkState
+from console.fleet.hostlist import parse_endpoints
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
 
 

@@ -23,7 +23,7 @@ from console.demo.chaos import Chaos, FaultSpec
 from console.demo.cluster import Cluster, ClusterOptions
 from console.demo.progress import TrainingWatch
 from console.demo.summary import DemoSummary, FaultRecord, IncidentFacts, summarize
-from console.runtime import ConsoleRuntime
+from console.runtime.core import ConsoleRuntime
 
 Say = Callable[[str], None]
 # A fault the demo injected itself and the agent's own report of it are one fault.
@@ -78,8 +78,8 @@ class DemoSession:
 
     async def start(self) -> None:
         """Start the cluster and build the runtime from the cluster.toml written for it (not connected yet)."""
-        from console.config import ClusterConfig, load_cluster, write_cluster
-        from console.runtime import RuntimeOptions, build_runtime
+        from console.runtime.config import ClusterConfig, load_cluster, write_cluster
+        from console.runtime.core import RuntimeOptions, build_runtime
 
         state = await self.cluster.start()
         if self.cluster.trainer_note:

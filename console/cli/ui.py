@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from agents.exitcodes import EXIT_ERROR, EXIT_OK
-from console.commands import add_target_options, cluster_config, resolve_targets
+from console.cli.commands import add_target_options, cluster_config, resolve_targets
 from playbooks.model import SCHEDULERS
 
 EPILOG = """\
@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _console(args: argparse.Namespace) -> int:
-    from console.config import ClusterConfig
-    from console.runtime import RuntimeOptions, build_runtime
+    from console.runtime.config import ClusterConfig
+    from console.runtime.core import RuntimeOptions, build_runtime
 
     try:
         endpoints, key, known = resolve_targets(args)
@@ -83,7 +83,7 @@ def _console(args: argparse.Namespace) -> int:
     from loguru import logger
 
     try:
-        from console.app import GridwatchApp
+        from console.tui.app import GridwatchApp
     except ImportError as exc:
         # A node's install has no textual: say what to install rather than show a traceback.
         print(f"gridwatch console: the screen cannot start ({exc}); install gridwatch[console], or use --headless",
@@ -100,8 +100,8 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
     """Print link changes, new incidents and recoveries as they happen; a summary line when the count
     changes, or each minute. The runtime ticks its engine itself, as under the screen."""
     from agents.protocol import clean_text
-    from console.commands import clean_logs
-    from console.widgets.status_bar import format_age
+    from console.cli.commands import clean_logs
+    from console.tui.widgets.status_bar import format_age
 
     clean_logs()
     for note in getattr(runtime.plan_store, "bad_rows", []):

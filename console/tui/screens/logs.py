@@ -8,11 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
-from console.state import LogEntry, LogQuery, QueryError, parse_log_query
-from console.screens.base import ViewScreen
-from console.screens.node import SEVERITY_STYLES, clock_time
-from console.widgets import Column, PlainStatic, TextTable
-from console.widgets.text_table import Cell
+from console.fleet.state import LogEntry, LogQuery, QueryError, parse_log_query
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.node import SEVERITY_STYLES, clock_time
+from console.tui.widgets import Column, PlainStatic, TextTable
+from console.tui.widgets.text_table import Cell
 
 LOG_COLUMNS = [
     Column("time", "TIME", 8),

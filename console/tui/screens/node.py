@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from console.state import (
+from console.fleet.state import (
     GPU_MEM,
     GPU_POWER,
     GPU_TEMP,
@@ -25,10 +25,10 @@ from console.state import (
     PatrolStatus,
     event_text,
 )
-from console.screens.base import ViewScreen
-from console.screens.confirm import ConfirmScreen, Confirmed
-from console.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline
-from console.widgets.text_table import Cell
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.confirm import ConfirmScreen, Confirmed
+from console.tui.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline
+from console.tui.widgets.text_table import Cell
 
 SPARK = 16
 GPU_COLUMNS = [

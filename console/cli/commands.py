@@ -13,7 +13,7 @@ from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 if TYPE_CHECKING:
     from loguru import Record
 
-    from console.config import ClusterConfig
+    from console.runtime.config import ClusterConfig
 
 
 def clean_logs() -> None:
@@ -39,7 +39,7 @@ def add_target_options(ap: argparse.ArgumentParser, required: bool = True) -> No
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
     """The ``--cluster`` file, read and checked once per command (None without one); raises ConfigError."""
-    from console.config import load_cluster
+    from console.runtime.config import load_cluster
 
     if not getattr(args, "cluster", None):
         return None
@@ -51,7 +51,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
 
 def resolve_targets(args: argparse.Namespace) -> tuple[list, str, str]:
     """Endpoints, key and known_hosts from flags or cluster.toml; raises ValueError with a one-line reason."""
-    from console.hostlist import HostlistError, parse_endpoints
+    from console.fleet.hostlist import HostlistError, parse_endpoints
 
     spec, key, known = args.nodes, args.key, args.known_hosts
     config = cluster_config(args)
@@ -154,7 +154,7 @@ def _confirm(question: str, yes: bool) -> bool | None:
 def _keys_trust(args: argparse.Namespace) -> int:
     from agents.keys import fetch_host_key, pinned_keys, trust
     from agents.protocol import clean_text
-    from console.hostlist import HostlistError, parse_endpoints
+    from console.fleet.hostlist import HostlistError, parse_endpoints
 
     try:
         endpoints = parse_endpoints(args.spec)
@@ -223,8 +223,8 @@ def _tail(args: argparse.Namespace) -> int:
 
 async def _tail_async(args: argparse.Namespace, endpoints: list, key: str, known: str) -> int:
     from agents import protocol as p
-    from console.fleet import Fleet, FleetOptions, NodeLink
-    from console.render import frame_line
+    from console.fleet.client import Fleet, FleetOptions, NodeLink
+    from console.fleet.render import frame_line
 
     clean_logs()
     types = set(args.types.split(",")) if args.types else None

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reduce", choices=("exact", "fast"), default="exact")
     p.add_argument("--control-group", default="",
                    help="a group whose members may use the nodes' control sockets too (default: this user and root only)")
-    from console.preflight_gate import add_options
+    from console.fleet.preflight_gate import add_options
 
     add_options(p)
     p.set_defaults(func=_run)
@@ -66,7 +66,7 @@ def _config(args: argparse.Namespace):  # -> TrainConfig, kept lazy for a fast -
 
 def _run(args: argparse.Namespace) -> int:
     from trainer.launch import cluster_command, node_names, prepare, start_local_run
-    from console.preflight_gate import GateClosed, run_gate
+    from console.fleet.preflight_gate import GateClosed, run_gate
 
     try:
         cfg = _config(args)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from console.state import FleetSummary
-from console.widgets.plain import plain_text
+from console.fleet.state import FleetSummary
+from console.tui.widgets.plain import plain_text
 
 
 def format_age(seconds: float | None) -> str:

@@ -32,9 +32,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def run_gate(args: argparse.Namespace) -> Gate:
     """Pre-flight the agents named by ``--agents``; the node names that may train."""
-    from console.config import load_cluster
-    from console.hostlist import HostlistError, parse_endpoints
-    from console.preflight import PreflightOptions, run_preflight
+    from console.runtime.config import load_cluster
+    from console.fleet.hostlist import HostlistError, parse_endpoints
+    from console.fleet.preflight import PreflightOptions, run_preflight
 
     if getattr(args, "cluster", None):
         config = load_cluster(args.cluster)  # raises ConfigError (a ValueError): one line, exit 2

@@ -168,7 +168,7 @@ async def _with_console(options: DemoOptions, duration: float | None) -> int:
     from console.demo.session import DemoSession
 
     try:
-        from console.app import GridwatchApp
+        from console.tui.app import GridwatchApp
     except ImportError as exc:
         print(f"gridwatch demo: the console cannot start ({exc}); install gridwatch[console], or use --headless",
               file=sys.stderr)
@@ -256,8 +256,8 @@ def _resolve_fault_target(args: argparse.Namespace) -> tuple[str, str, str, str]
 async def _send_fault(endpoint: str, key: str, known: str, fault_args: dict[str, object], reason: str) -> tuple[bool, str]:
     from loguru import logger
 
-    from console.fleet import Fleet, FleetOptions, LinkState
-    from console.hostlist import parse_endpoints
+    from console.fleet.client import Fleet, FleetOptions, LinkState
+    from console.fleet.hostlist import parse_endpoints
 
     logger.remove()
     ep = parse_endpoints(endpoint)[0]

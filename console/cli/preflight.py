@@ -14,7 +14,7 @@ BAR_WIDTH = 24
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from console.commands import add_target_options
+    from console.cli.commands import add_target_options
 
     ap = sub.add_parser(
         "preflight",
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def options_from_args(args: argparse.Namespace) -> Any:
     """PreflightOptions from the parsed flags; ValueError with a one-line reason."""
-    from console.preflight import PreflightOptions, load_baseline
+    from console.fleet.preflight import PreflightOptions, load_baseline
 
     if args.gpus is not None and args.gpus < 0:
         raise ValueError(f"--gpus must be 0 or more, got {args.gpus}")
@@ -102,7 +102,7 @@ def progress_bar(stream: TextIO) -> Any:
 
 def render_table(report: Any) -> str:
     """One row per node, one column per check, then one line per failure."""
-    from console.preflight import CHECK_COLUMNS
+    from console.fleet.preflight import CHECK_COLUMNS
 
     header = ["NODE", *(c.upper() for c in CHECK_COLUMNS), "RESULT"]
     rows = []
@@ -149,8 +149,8 @@ def exit_code(report: Any) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from console.commands import resolve_targets
-    from console.preflight import majority_stack, run_preflight_async, save_baseline
+    from console.cli.commands import resolve_targets
+    from console.fleet.preflight import majority_stack, run_preflight_async, save_baseline
 
     try:
         endpoints, key, known = resolve_targets(args)
@@ -188,7 +188,7 @@ def _preflight(args: argparse.Namespace) -> int:
 def _fingerprint(node: Any) -> Any:
     import msgspec
 
-    from console.preflight import to_fingerprint
+    from console.fleet.preflight import to_fingerprint
 
     check = node.checks.get("stack")
     if check is None or "fingerprint" not in check.values:

@@ -10,12 +10,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from console.runtime import IncidentRow
-from console.screens.base import ViewScreen
-from console.screens.confirm import ConfirmScreen, Confirmed
-from console.screens.node import SEVERITY_STYLES
-from console.widgets import Column, PlainStatic, TextTable, format_age
-from console.widgets.text_table import Cell
+from console.runtime.core import IncidentRow
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.confirm import ConfirmScreen, Confirmed
+from console.tui.screens.node import SEVERITY_STYLES
+from console.tui.widgets import Column, PlainStatic, TextTable, format_age
+from console.tui.widgets.text_table import Cell
 
 INCIDENT_COLUMNS = [
     Column("sev", "SEV", 8),

@@ -10,12 +10,12 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from console.widgets import PlainStatic, StatusBar
+from console.tui.widgets import PlainStatic, StatusBar
 
 if TYPE_CHECKING:
-    from console.app import GridwatchApp
-    from console.runtime import ConsoleRuntime
-    from console.state import StateStore
+    from console.tui.app import GridwatchApp
+    from console.runtime.core import ConsoleRuntime
+    from console.fleet.state import StateStore
 
 
 class ViewScreen(Screen[None]):

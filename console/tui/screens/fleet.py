@@ -9,11 +9,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Static
 
-from console.state import SORT_KEYS, Metric, NodeRow, NodeStatus
-from console.screens.base import ViewScreen
-from console.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
-from console.widgets.heatmap import LEGEND, cell_style
-from console.widgets.text_table import Cell
+from console.fleet.state import SORT_KEYS, Metric, NodeRow, NodeStatus
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
+from console.tui.widgets.heatmap import LEGEND, cell_style
+from console.tui.widgets.text_table import Cell
 
 NODE_COLUMNS = [
     Column("name", "NODE", 16),

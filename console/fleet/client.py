@@ -30,7 +30,7 @@ from loguru import logger
 from agents import protocol as p
 from agents.framing import LineBuffer
 from agents.sshpolicy import client_options, weak_key_reason
-from console.hostlist import Endpoint
+from console.fleet.hostlist import Endpoint
 
 READ_CHUNK = 65536
 # Errors quote what a peer sent; this is enough to say what happened.

@@ -22,7 +22,7 @@ from loguru import logger
 
 from agents import protocol as p
 from agents.preflight import CheckOutcome  # one check-result type: the node's, as the node sent it
-from console.hostlist import Endpoint
+from console.fleet.hostlist import Endpoint
 
 CHECK_COLUMNS = ("gpus", "stack", "network", "storage", "time", "comm")
 STACK_FIELDS = ("driver", "cuda", "nccl", "kernel", "python")
@@ -372,7 +372,7 @@ def node_args(options: PreflightOptions) -> dict[str, Any]:
 
 async def _wait_connected(fleet: Any, timeout: float) -> None:
     """Until every link has connected or failed once (a refused key fails at once)."""
-    from console.fleet import LinkState
+    from console.fleet.client import LinkState
 
     changed = asyncio.Event()
     previous = fleet.on_status
@@ -424,7 +424,7 @@ def _checks_from(data: dict[str, Any]) -> dict[str, CheckOutcome]:
 
 
 async def _check_node(fleet: Any, link: Any, options: PreflightOptions) -> NodeReport:
-    from console.fleet import LinkState
+    from console.fleet.client import LinkState
 
     node = NodeReport(name=link.name, endpoint=str(link.endpoint))
     if link.state not in (LinkState.CONNECTED, LinkState.STALE):
@@ -475,7 +475,7 @@ async def _run_comm(fleet: Any, report: PreflightReport, options: PreflightOptio
 
 
 async def preflight_fleet(fleet: Any, options: PreflightOptions | None = None) -> PreflightReport:
-    """Pre-flight over a started :class:`console.fleet.Fleet` (the console's own links); leaves it running."""
+    """Pre-flight over a started :class:`console.fleet.client.Fleet` (the console's own links); leaves it running."""
     options = options or PreflightOptions()
     report = PreflightReport(baseline=options.baseline_name, started_at=time.time())
     await _wait_connected(fleet, options.connect_timeout + 1.0)
@@ -505,7 +505,7 @@ async def preflight_fleet(fleet: Any, options: PreflightOptions | None = None) -
 
 async def run_preflight_async(endpoints: list[Endpoint], key: str, known_hosts: str, options: PreflightOptions | None = None) -> PreflightReport:
     """Connect to every endpoint, pre-flight them, disconnect; RuntimeError if the key cannot be read."""
-    from console.fleet import Fleet, FleetOptions
+    from console.fleet.client import Fleet, FleetOptions
 
     options = options or PreflightOptions()
     fleet = Fleet(endpoints, FleetOptions(key_path=key, known_hosts=known_hosts, connect_timeout=options.connect_timeout))

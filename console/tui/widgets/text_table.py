@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.widgets.plain import plain
+from console.tui.widgets.plain import plain
 
 
 @dataclass(frozen=True, slots=True)

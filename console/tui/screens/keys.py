@@ -9,8 +9,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 
-from console.screens.command_line import COMMANDS
-from console.widgets import PlainStatic
+from console.tui.screens.command_line import COMMANDS
+from console.tui.widgets import PlainStatic
 
 
 def _key_label(key: str) -> str:

@@ -17,12 +17,12 @@ from agents.exitcodes import EXIT_ERROR
 # Modules that each expose ``register(subparsers)``; order is the order in --help.
 _COMMAND_MODULES = (
     "agents.cli",  # agent
-    "console.commands",  # tail, keys
-    "console.ui_cli",  # console
+    "console.cli.commands",  # tail, keys
+    "console.cli.ui",  # console
     "playbooks.cli",  # playbook
-    "console.train_cli",  # train
-    "console.preflight_cli",  # preflight
-    "console.demo_cli",  # demo, fault
+    "console.cli.train",  # train
+    "console.cli.preflight",  # preflight
+    "console.cli.demo",  # demo, fault
 )
 
 

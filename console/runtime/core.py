@@ -23,11 +23,11 @@ import msgspec
 from loguru import logger
 
 from agents.protocol import ActionResult, Event, Frame, LogLine, Text
-from console.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
+from console.fleet.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
 from playbooks.model import MetricTrigger
 
 if TYPE_CHECKING:
-    from console.config import ClusterConfig
+    from console.runtime.config import ClusterConfig
     from playbooks.engine import Engine
     from playbooks.plans import Incident, Plan
 
@@ -217,7 +217,7 @@ class StoreProbe:
 
 
 class FleetLike(Protocol):
-    """The parts of ``console.fleet.Fleet`` the console uses."""
+    """The parts of ``console.fleet.client.Fleet`` the console uses."""
 
     async def start(self) -> None: ...
 
@@ -728,9 +728,9 @@ class ConsoleRuntime:
         """Pre-flight the connected nodes (those in ``nodes`` when given) and keep each result in the store.
 
         Read-only is fine: the checks change nothing on a node. Returns the
-        ``console.preflight.PreflightReport``; ValueError when no connected node matches.
+        ``console.fleet.preflight.PreflightReport``; ValueError when no connected node matches.
         """
-        from console.preflight import PreflightOptions, preflight_fleet
+        from console.fleet.preflight import PreflightOptions, preflight_fleet
 
         if self.fleet is None or not hasattr(self.fleet, "links"):
             raise ValueError("no fleet connected")
@@ -835,7 +835,7 @@ class RuntimeOptions:
 
         Raises ValueError with a one-line reason when the nodes, key or known_hosts cannot be used.
         """
-        from console.hostlist import HostlistError, parse_endpoints
+        from console.fleet.hostlist import HostlistError, parse_endpoints
 
         if "endpoints" not in overrides:
             try:
@@ -862,7 +862,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     """
     import sqlite3
 
-    from console.fleet import Fleet, FleetOptions
+    from console.fleet.client import Fleet, FleetOptions
     from playbooks.engine import Engine as PlaybookEngine
     from playbooks.executor import Executor
     from playbooks.loader import load_with_builtin

@@ -12,9 +12,9 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Input
 
-from console.hostlist import HostlistError, expand
-from console.runtime import ConsoleRuntime
-from console.screens import (
+from console.fleet.hostlist import HostlistError, expand
+from console.runtime.core import ConsoleRuntime
+from console.tui.screens import (
     CommandLine,
     FleetScreen,
     IncidentsScreen,
@@ -24,7 +24,7 @@ from console.screens import (
     TrainingScreen,
     ViewScreen,
 )
-from console.screens.command_line import COMMANDS, Verb, parse_command, usage_line
+from console.tui.screens.command_line import COMMANDS, Verb, parse_command, usage_line
 
 VIEWS: dict[str, type[ViewScreen]] = {
     Verb.LOGS: LogsScreen,

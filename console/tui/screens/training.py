@@ -8,10 +8,10 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from console.state import TrainingSummary
-from console.screens.base import ViewScreen
-from console.widgets import BraillePlot, Column, PlainStatic, TextTable, format_age
-from console.widgets.text_table import Cell
+from console.fleet.state import TrainingSummary
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets import BraillePlot, Column, PlainStatic, TextTable, format_age
+from console.tui.widgets.text_table import Cell
 
 RANK_COLUMNS = [
     Column("rank", "RANK", 5, "right"),

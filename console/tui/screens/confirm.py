@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from console.widgets import PlainStatic, plain_text
+from console.tui.widgets import PlainStatic, plain_text
 from playbooks.durations import parse_duration
 
 

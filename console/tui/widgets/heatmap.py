@@ -14,9 +14,9 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.state import HeatmapNode, NodeStatus
-from console.widgets.plain import plain
-from console.widgets.text_table import fit
+from console.fleet.state import HeatmapNode, NodeStatus
+from console.tui.widgets.plain import plain
+from console.tui.widgets.text_table import fit
 
 LABEL_MAX = 24  # a name column wider than this would crowd out the cells
 GROUP_LABEL_MIN = 6  # a group's name above its cells gets at least this many columns

@@ -33,8 +33,8 @@ from agents.protocol import (
 from agents.protocol import severity_rank as _known_rank
 from playbooks import durations
 from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
-from console.hostlist import HostlistError, expand
-from console.preflight import majority_hash
+from console.fleet.hostlist import HostlistError, expand
+from console.fleet.preflight import majority_hash
 
 HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
 NODE_EVENTS = 200

@@ -1,0 +1,1 @@
+"""The console below its screen: one SSH link per node, the state store, pre-flight, cluster sets."""
