@@ -83,6 +83,18 @@ class UnknownIncident(KeyError):
         return str(self.args[0]) if self.args else "unknown incident"
 
 
+def time_to_detect(fault_at: float | None, detected_at: float) -> float | None:
+    """TTD: from the fault to the incident; None while the fault's time is unknown."""
+    return None if fault_at is None else max(detected_at - fault_at, 0.0)
+
+
+def time_to_recover(fault_at: float | None, recovered_at: float | None) -> float | None:
+    """TTR: from the fault to the job training past the step it was at; None until both are known."""
+    if fault_at is None or recovered_at is None:
+        return None
+    return max(recovered_at - fault_at, 0.0)
+
+
 class IncidentRecord(msgspec.Struct, kw_only=True):
     """An incident as the console lists it. ``state`` is already corrected for expired silences."""
 
@@ -107,15 +119,11 @@ class IncidentRecord(msgspec.Struct, kw_only=True):
 
     @property
     def detect_s(self) -> float | None:
-        """Time to detect: from the fault to the incident."""
-        return None if self.fault_at is None else max(self.detected_at - self.fault_at, 0.0)
+        return time_to_detect(self.fault_at, self.detected_at)
 
     @property
     def recover_s(self) -> float | None:
-        """Time to recover: from the fault to the job training past the step it was at."""
-        if self.fault_at is None or self.recovered_at is None:
-            return None
-        return max(self.recovered_at - self.fault_at, 0.0)
+        return time_to_recover(self.fault_at, self.recovered_at)
 
 
 class StepRecord(msgspec.Struct, kw_only=True):

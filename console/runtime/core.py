@@ -25,6 +25,7 @@ from loguru import logger
 from agents.protocol import ActionResult, Event, Frame, LogLine, Text
 from console.fleet.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
 from playbooks.model import MetricTrigger
+from playbooks.store import time_to_detect, time_to_recover
 
 if TYPE_CHECKING:
     from console.runtime.config import ClusterConfig
@@ -67,15 +68,11 @@ class IncidentRow:
 
     @property
     def detect_s(self) -> float | None:
-        """Time to detect: fault to incident."""
-        return None if self.fault_at is None else max(self.detected_at - self.fault_at, 0.0)
+        return time_to_detect(self.fault_at, self.detected_at)
 
     @property
     def recover_s(self) -> float | None:
-        """Time to recover: fault to the job training past the step it was at."""
-        if self.fault_at is None or self.recovered_at is None:
-            return None
-        return max(self.recovered_at - self.fault_at, 0.0)
+        return time_to_recover(self.fault_at, self.recovered_at)
 
 
 class IncidentBackend(Protocol):
