@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,18 @@ async def wait_until(cond: Callable[[], object], timeout: float = 10.0, what: st
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_until_async(cond: Callable[[], Awaitable[object]], timeout: float = 10.0, what: str = "condition") -> object:
+    """``wait_until`` for a condition that must itself await (a request over a session, a connect attempt)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await cond()
         if value:
             return value
         if time.monotonic() > deadline:

@@ -19,7 +19,7 @@ from console.fleet.client import Fleet, FleetOptions, LinkState, explain
 from console.fleet.hostlist import Endpoint, parse_endpoints
 from console.tui.screens import FleetScreen, TrainingScreen
 from console.fleet.state import StateStore
-from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
+from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until, wait_until_async
 from tests.hostile_peer import CSI_CLEAR, OSC_CLIPBOARD, OSC_TITLE, contains_escape, hostile_peer
 
 ESC = "\x1b"
@@ -364,10 +364,7 @@ async def _operator_session(keys: Any, port: int) -> tuple[asyncssh.SSHClientCon
         await attempt()
         return bool(conn)
 
-    deadline = asyncio.get_running_loop().time() + 20
-    while not await connected():
-        assert asyncio.get_running_loop().time() < deadline, "the restarted agent never answered"
-        await asyncio.sleep(0.1)
+    await wait_until_async(connected, timeout=20, what="the restarted agent to answer")
     proc = await conn[0].create_process(subsystem="gridwatch", encoding=None)
     assert isinstance(p.decode_agent_frame(await asyncio.wait_for(proc.stdout.readline(), 10)), p.Hello)
     return conn[0], proc

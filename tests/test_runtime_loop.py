@@ -106,7 +106,7 @@ async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_
                             for r in s.take() if r.cmd == "restart_from")
             if restarts:
                 job.step += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the stand-in job's pace: a step every 0.1 s once restarted
 
     sim: asyncio.Task | None = None
     try:

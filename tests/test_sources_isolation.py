@@ -114,22 +114,18 @@ def _metric(agent: Agent, name: str, source: str) -> float:
     raise AssertionError(f"{prefix!r} not in /metrics")
 
 
-async def _wait_for(cond: Callable[[], object], what: str) -> Any:
-    return await wait_until(cond, timeout=10, what=what)
-
-
 async def test_a_hung_nvml_call_is_one_event_and_the_rest_of_the_sample_goes_out(node: Node, monkeypatch) -> None:
     hang = Stuck(monkeypatch, node.agent.gpus._nv, "nvmlDeviceGetTemperature")  # type: ignore[union-attr]
-    await _wait_for(lambda: any(_healthy(s) for s in node.frames if isinstance(s, p.Sample)), "a healthy sample")
+    await wait_until(lambda: any(_healthy(s) for s in node.frames if isinstance(s, p.Sample)), what="a healthy sample")
     hang.armed = True
-    failed = (await _wait_for(lambda: node.events("source_failed"), "the source_failed event"))[0]
+    failed = (await wait_until(lambda: node.events("source_failed"), what="the source_failed event"))[0]
     assert failed.details == {"source": "nvml", "state": "hung"} and failed.severity == "error"
     assert "source nvml hung: no answer within 0.4 s" in failed.message
 
     # The host and the logs still report; the GPUs are there, their readings N/A.
     node.log.write_text("[rank3]:[E ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught collective operation timeout\n")
-    await _wait_for(lambda: node.events("nccl_timeout"), "the log's event while NVML hangs")
-    after = await _wait_for(lambda: len(node.samples_after(failed)) >= 5 and node.samples_after(failed), "samples")
+    await wait_until(lambda: node.events("nccl_timeout"), what="the log's event while NVML hangs")
+    after = await wait_until(lambda: len(node.samples_after(failed)) >= 5 and node.samples_after(failed), what="samples")
     for sample in after:
         assert sample.host.mem_total_mb is not None and sample.host.cpu_percent is not None
         assert [g.index for g in sample.gpus] == [0, 1] and all(g.util is None and g.temp_c is None for g in sample.gpus)
@@ -143,9 +139,9 @@ async def test_a_hung_nvml_call_is_one_event_and_the_rest_of_the_sample_goes_out
     node.state.queue_xid(1, 79)
     hang.armed = False
     hang.release.set()
-    recovered = (await _wait_for(lambda: node.events("source_recovered"), "the recovery event"))[0]
+    recovered = (await wait_until(lambda: node.events("source_recovered"), what="the recovery event"))[0]
     assert recovered.details == {"source": "nvml", "state": "ok"} and "source nvml answers again" in recovered.message
-    await _wait_for(lambda: any(_healthy(s) for s in node.samples_after(recovered)), "healthy samples again")
+    await wait_until(lambda: any(_healthy(s) for s in node.samples_after(recovered)), what="healthy samples again")
     xids = node.events("xid")
     assert [(e.code, e.gpu) for e in xids] == [(79, 1)]
     assert len(node.events("source_failed")) == 1 and len(node.events("source_recovered")) == 1
@@ -154,27 +150,26 @@ async def test_a_hung_nvml_call_is_one_event_and_the_rest_of_the_sample_goes_out
 
 async def test_an_nvml_call_that_raises_is_one_event_per_streak(node: Node, monkeypatch) -> None:
     broken = Stuck(monkeypatch, node.agent.gpus._nv, "nvmlEventSetWait_v2", raises=RuntimeError("driver returned garbage"))  # type: ignore[union-attr]
-    await _wait_for(lambda: any(_healthy(s) for s in node.frames if isinstance(s, p.Sample)), "a healthy sample")
+    await wait_until(lambda: any(_healthy(s) for s in node.frames if isinstance(s, p.Sample)), what="a healthy sample")
     broken.armed = True
-    failed = (await _wait_for(lambda: node.events("source_failed"), "the source_failed event"))[0]
+    failed = (await wait_until(lambda: node.events("source_failed"), what="the source_failed event"))[0]
     assert failed.details == {"source": "nvml", "state": "failed"} and failed.severity == "warning"
     assert "source nvml failed: RuntimeError: driver returned garbage" in failed.message
-    after = await _wait_for(lambda: len(node.samples_after(failed)) >= 5 and node.samples_after(failed), "samples")
+    after = await wait_until(lambda: len(node.samples_after(failed)) >= 5 and node.samples_after(failed), what="samples")
     assert all(s.host.mem_total_mb is not None and len(s.gpus) == 2 for s in after)
     assert broken.calls >= 5 and len(node.events("source_failed")) == 1  # every tick tries; one event per streak
     broken.armed = False
-    await _wait_for(lambda: node.events("source_recovered"), "the recovery event")
+    await wait_until(lambda: node.events("source_recovered"), what="the recovery event")
     # A second streak is news again.
     broken.armed = True
-    await _wait_for(lambda: len(node.events("source_failed")) == 2, "a second source_failed event")
+    await wait_until(lambda: len(node.events("source_failed")) == 2, what="a second source_failed event")
 
 
 async def test_the_agent_stops_while_an_nvml_call_is_still_hung(node: Node, monkeypatch) -> None:
     hang = Stuck(monkeypatch, node.agent.gpus._nv, "nvmlDeviceGetUtilizationRates")  # type: ignore[union-attr]
     hang.armed = True
-    await _wait_for(lambda: node.events("source_failed"), "the source_failed event")
+    await wait_until(lambda: node.events("source_failed"), what="the source_failed event")
     node.agent.stop()  # the fixture then waits for the loop to end: it must not wait for NVML
-    await asyncio.sleep(0)
     guard = next(g for g in node.agent.sources() if g.name == "nvml")
     assert guard.busy
     node.agent.close_sources()  # NVML is not shut down under a call still running in it
