@@ -43,26 +43,9 @@ PER_PROCESS = 250
 
 async def serve_agents(count: int, base_port: int, keys: str, gpus: int, interval: float) -> None:
     """``count`` agents; on stdin ``pause`` (stop sampling, write out what was published) and ``resume``."""
-    from loguru import logger
+    from swarm import start_agents
 
-    from agents.agent import Agent
-    from agents.config import AgentConfig
-    from agents.server import serve
-    from agents.sources.simulated import SimulatedGpus
-
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    k = Path(keys)
-    agents: list[Agent] = []
-    for port in range(base_port, base_port + count):
-        cfg = AgentConfig(
-            node_name=f"swarm-{port}", listen=f"127.0.0.1:{port}", host_key=str(k / "agent_host_key"),
-            authorized_viewers=str(k / "authorized_viewers"), authorized_operators=str(k / "authorized_operators"),
-            interval=interval, ring_frames=600,
-        )
-        agent = Agent(cfg, gpus=SimulatedGpus(gpus, seed=port))
-        await serve(agent, "127.0.0.1", port)
-        agents.append(agent)
+    agents = await start_agents(count, base_port, keys, gpus, interval, "swarm-")
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     starts: list[asyncio.TimerHandle] = []

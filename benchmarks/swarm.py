@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-async def run(count: int, base_port: int, keys: str, gpus: int, interval: float, prefix: str) -> None:
+async def start_agents(count: int, base_port: int, keys: str, gpus: int, interval: float, prefix: str) -> list:
+    """``count`` agents serving SSH on consecutive loopback ports, not yet sampling (call their ``run``)."""
     from loguru import logger
 
     from agents.agent import Agent
@@ -28,8 +29,7 @@ async def run(count: int, base_port: int, keys: str, gpus: int, interval: float,
     logger.add(sys.stderr, level="WARNING")
     k = Path(keys)
     agents = []
-    for i in range(count):
-        port = base_port + i
+    for port in range(base_port, base_port + count):
         cfg = AgentConfig(
             node_name=f"{prefix}{port}", listen=f"127.0.0.1:{port}", host_key=str(k / "agent_host_key"),
             authorized_viewers=str(k / "authorized_viewers"), authorized_operators=str(k / "authorized_operators"),
@@ -38,6 +38,11 @@ async def run(count: int, base_port: int, keys: str, gpus: int, interval: float,
         agent = Agent(cfg, gpus=SimulatedGpus(gpus, seed=port))
         await serve(agent, "127.0.0.1", port)
         agents.append(agent)
+    return agents
+
+
+async def run(count: int, base_port: int, keys: str, gpus: int, interval: float, prefix: str) -> None:
+    agents = await start_agents(count, base_port, keys, gpus, interval, prefix)
     print(f"ready {count}", flush=True)
     loop = asyncio.get_running_loop()
     # Stagger the agents across the interval, as independent nodes would be.
