@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from agents import protocol as p
+from agents import simdevices as sd
 from agents.agent import Agent, Caller
+from agents.sources import infiniband as ib
 from trainer.control import pid_alive
 
 # Faults the simulator takes directly; the rest are handled by the agent itself.
 GPU_FAULTS = {"xid", "ecc-dbe", "thermal", "fell-off-bus", "hang"}
 AGENT_FAULTS = {"trainer-hang", "trainer-crash", "agent-kill", "net-cut"}
-FAULT_KINDS = sorted(GPU_FAULTS | AGENT_FAULTS)
+IB_FAULTS = set(ib.IB_FAULTS)  # simulated HCA ports; ``gpu`` picks the HCA (mlx5_<gpu>)
+FAULT_KINDS = sorted(GPU_FAULTS | AGENT_FAULTS | IB_FAULTS)
 TRAINER_CONTROLS = {"checkpoint_now", "pause", "resume", "leave", "restart_from"}
 
 
@@ -63,6 +66,17 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
         except ValueError as exc:
             return _unchanged(action, False, str(exc))
         agent.event("fault_injected", f"injected {what}", severity="info", fault=kind, gpu=gpu, code=code)
+        share_device_fault(agent, kind, 0 if gpu is None else gpu, code)
+        return _result(action, True, f"injected {what}")
+    if kind in IB_FAULTS:
+        if agent.infiniband is None or not agent.infiniband.simulated:
+            return _unchanged(action, False, "link faults can only be injected into simulated HCAs; this node has none")
+        try:
+            what = agent.infiniband.inject(kind, gpu)
+        except ValueError as exc:
+            return _unchanged(action, False, str(exc))
+        agent.event("fault_injected", f"injected {what}", severity="info", fault=kind, hca=gpu)
+        share_device_fault(agent, kind, 0 if gpu is None else gpu, code)
         return _result(action, True, f"injected {what}")
     if kind == "net-cut":
         agent.event("fault_injected", "injected net-cut: the agent stops answering", severity="info", fault=kind)
@@ -85,9 +99,47 @@ async def inject_fault(agent: Agent, caller: Caller, action: p.Action) -> p.Acti
     return _unchanged(action, False, f"unknown fault kind {p.clean_text(kind, 60)!r}; known: {', '.join(FAULT_KINDS)}")
 
 
+def share_device_fault(agent: Agent, kind: str | None, gpu: int = 0, code: int | None = None,
+                       only_gpu: bool = False) -> None:
+    """Sim only: tell the trainer beside this agent what the injected fault does to it (``None``: cleared,
+    every GPU's or, with ``only_gpu``, that one GPU's, as after its reset), and write the driver's lines
+    to the node's simulated kernel log."""
+    directory = sd.sim_dir()
+    if directory is None:
+        return
+    node = agent.config.node_name
+    path = sd.state_path(directory, node)
+    state = sd.read_state(path, node)
+    if kind is None:
+        state.faults = [f for f in state.faults if f.gpu != gpu] if only_gpu else []
+    else:
+        fault = sd.fault_for(kind, code)
+        if fault is None:
+            return
+        seq = max((f.seq for f in state.faults), default=0) + 1
+        state.faults = [f for f in state.faults if f.fault is not fault]
+        state.faults.append(sd.FaultRecord(fault=fault, at=time.time(), gpu=gpu, code=code, seq=seq))
+        infos = agent.gpus.info() if agent.gpus is not None else []
+        pci = str(infos[gpu].pci_bus_id or "") if 0 <= gpu < len(infos) else ""
+        status = agent.trainer.status if agent.trainer is not None else None
+        try:
+            sd.append_kernel_lines(sd.kernel_log_path(directory, node),
+                                   sd.driver_lines(fault, code, pci or "0000:00:00.0", status.pid if status else None),
+                                   node)
+        except OSError as exc:
+            agent.event("sim_devices", f"simulated kernel log not written: {exc}", severity="warning")
+    try:
+        sd.write_state(path, state)
+    except OSError as exc:
+        agent.event("sim_devices", f"simulated device state not shared with the trainer: {exc}", severity="warning")
+
+
 async def clear_faults(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     if agent.gpus is not None and getattr(agent.gpus, "simulated", False):
         agent.gpus.clear_faults()
+        share_device_fault(agent, None)
+    if agent.infiniband is not None:
+        agent.infiniband.clear_faults()
     agent.net_cut = False
     return _result(action, True, "faults cleared")
 
@@ -225,10 +277,65 @@ async def preflight(agent: Agent, caller: Caller, action: p.Action) -> p.ActionR
     return await run_checks(agent, action, caller.role)
 
 
+# nvidia-smi takes a few seconds to reset an idle GPU; one that takes this long is not coming back.
+RESET_TIMEOUT = 120.0
+
+
+def reset_argv(index: int) -> list[str]:
+    """The real command: ``nvidia-smi --gpu-reset -i INDEX`` (never through a shell)."""
+    return ["nvidia-smi", "--gpu-reset", "-i", str(index)]
+
+
+async def reset_gpu(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
+    """Reset one GPU: the real argv on NVML GPUs (refused while compute processes hold it), a clean slate in sim."""
+    try:
+        index = _int_arg(action.args, "gpu")
+    except ValueError as exc:
+        return _unchanged(action, False, str(exc))
+    if agent.gpus is None or not agent.gpu_info:
+        return _unchanged(action, False, "this node has no GPUs to reset")
+    if index is None or not 0 <= index < len(agent.gpu_info):
+        return _unchanged(action, False, f"reset_gpu needs the GPU to reset: gpu 0 to {len(agent.gpu_info) - 1}")
+    from agents.sources.simulated import SimulatedGpus
+
+    if isinstance(agent.gpus, SimulatedGpus):
+        done = agent.gpus.reset(index)
+        share_device_fault(agent, None, index, only_gpu=True)  # the trainer beside it sees a healthy GPU again
+        return _result(action, True, f"{done} (simulated); it reads healthy", gpu=index, argv=reset_argv(index))
+    from agents.workers import ChildTimeout, run_child
+
+    readings = await asyncio.to_thread(agent.gpus.sample)
+    held = next((g.procs for g in readings if g.index == index), None)
+    if held:
+        return _unchanged(action, False, f"GPU {index} not reset: {held} compute process{'es' if held != 1 else ''} "
+                                         "still hold it; stop the job on it (or isolate the node) and reset again")
+    argv = reset_argv(index)
+    timeout = float(action.args.get("timeout") or RESET_TIMEOUT)
+    try:
+        child = await run_child(argv, None, timeout)
+    except ChildTimeout:
+        return _result(action, False, f"GPU {index} not reset: {' '.join(argv)} did not finish within {timeout:g}s "
+                                      "and was killed", gpu=index, argv=argv)
+    except OSError as exc:
+        return _result(action, False, f"GPU {index} not reset: {argv[0]} could not run ({exc.strerror or exc})",
+                       gpu=index, argv=argv)
+    said = p.clean_text((child.stdout + child.stderr).decode(errors="replace").strip(), 300)
+    if child.returncode != 0:
+        return _result(action, False, f"GPU {index} not reset: {argv[0]} exited {child.returncode}: {said}",
+                       gpu=index, argv=argv)
+    after = next((g for g in await asyncio.to_thread(agent.gpus.sample) if g.index == index), None)
+    if after is None or after.state != "ok":
+        state = after.state if after is not None else "unreadable"
+        return _result(action, False, f"GPU {index} was reset but reads {state}: it needs a reboot or service",
+                       gpu=index, argv=argv)
+    return _result(action, True, f"GPU {index} reset and reads healthy: {said}", gpu=index, argv=argv)
+
+
 HANDLERS = {
     "ping": ping,
     "inject_fault": inject_fault,
     "clear_faults": clear_faults,
+    "reset_gpu": reset_gpu,
     "isolate": isolate,
     "unisolate": unisolate,
     "capture_scene": capture_scene,

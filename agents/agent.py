@@ -28,6 +28,7 @@ from agents.ratelimit import KeyedBuckets, LogLimiter
 from agents.ringbuffer import FrameRing
 from agents.logs import LogEntry
 from agents.sources import GuardedSource, Outcome
+from agents.sources.infiniband import IbReading, IbSource
 from agents.sources.logs import LogsSource
 
 if TYPE_CHECKING:  # for the annotations only: the runner builds these and hands them in
@@ -121,6 +122,7 @@ class Agent:
         tailer: LogTailer | None = None,
         metrics: MetricsExporter | None = None,
         trainer: TrainerLink | None = None,
+        infiniband: IbSource | None = None,
         stack: p.StackFingerprint | None = None,
         notes: list[str] | None = None,
         clock: Callable[[], float] = time.time,
@@ -133,6 +135,7 @@ class Agent:
         self.tailer = tailer
         self.metrics = metrics
         self.trainer = trainer
+        self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
         self.notes = [p.Text(n) for n in (notes or [])]
@@ -257,7 +260,7 @@ class Agent:
         link attached after start) gets its own on the next tick.
         """
         guards: list[GuardedSource] = []
-        for slot in ("gpus", "host", "tailer", "trainer"):
+        for slot in ("gpus", "host", "tailer", "trainer", "infiniband"):
             obj = getattr(self, slot)
             if obj is None:
                 self._guards.pop(slot, None)
@@ -296,6 +299,7 @@ class Agent:
         """One sample from what the sources said, then their events; a source that failed is N/A in it."""
         gpu_samples: list[p.GpuSample] = []
         host = p.HostSample()
+        ib_ports: list[p.IbPortSample] = []
         trainer_status = None
         events: list[p.Event] = []
         lines: list[LogEntry] = []
@@ -310,10 +314,13 @@ class Agent:
                 gpu_samples = reading.gpus
             if reading.host is not None:
                 host = reading.host
+            if isinstance(reading, IbReading):
+                ib_ports = reading.ib
             if reading.trainer is not None:
                 trainer_status = reading.trainer
             events.extend(reading.events)
             lines.extend(reading.lines)
+        host.ib = ib_ports  # read by their own source, shown beside the host's NICs
         if lines:
             self._send_log_lines(lines)
         stats = p.AgentStats(

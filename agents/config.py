@@ -21,6 +21,10 @@ class ConfigError(ValueError):
 Seconds = Annotated[float, Meta(gt=0, le=3600, description="seconds")]
 PathText = Annotated[str, Meta(min_length=1, description="a path")]
 HostPort = Annotated[str, Meta(min_length=1, description="HOST:PORT")]
+# A journal source: the kernel's messages, or a systemd unit by its full name (never an option: no leading "-").
+JOURNAL_SOURCE = r"^(?:kernel|[A-Za-z0-9:_.@-]+\.(?:service|socket|scope|slice|target|timer|mount))$"
+JOURNAL_HELP = '"kernel" or systemd unit names such as "nvidia-fabricmanager.service"'
+JournalSource = Annotated[str, Meta(pattern=JOURNAL_SOURCE)]
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +40,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval: Annotated[float, Meta(ge=0.05, le=3600, description="seconds between samples")] = 1.0
     log: list[PathText] = msgspec.field(default_factory=list)
     kernel_log: bool = True
+    # Nodes whose kernel log is only in the journal: "kernel", and units such as "nvidia-fabricmanager.service".
+    journal: Annotated[list[JournalSource], Meta(description=JOURNAL_HELP)] = msgspec.field(default_factory=list)
+    journal_cursor: PathText = "/var/lib/gridwatch/journal.cursor"  # where the journal reader resumes after a restart
     simulate_gpus: Annotated[int, Meta(ge=0, le=1024)] = 0
     sim_seed: int = 0
     trainer_socket: PathText | None = None
@@ -54,6 +61,15 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     login_timeout: Seconds = 30.0
     # How long one source (NVML, host, logs) may take to answer a tick before it counts as hung.
     source_timeout: Annotated[float, Meta(gt=0, le=60, description="seconds")] = 2.0
+    # InfiniBand / RoCE HCA ports: where sysfs lists them, and how they are judged.
+    ib_root: PathText = "/sys/class/infiniband"
+    # One error counter of a port growing faster than this (per second, between two samples): degraded.
+    ib_error_rate: Annotated[float, Meta(gt=0, le=1e12, description="errors a second")] = 1.0
+    # A link flap as gpud counts one: down at least ib_flap_down_s, then back to ACTIVE, ib_flap_count
+    # times within ib_flap_window_s (gpud: 25 s, 3 times, 12 h 5 min).
+    ib_flap_down_s: Annotated[float, Meta(gt=0, le=86400, description="seconds")] = 25.0
+    ib_flap_count: Annotated[int, Meta(ge=1, le=1000)] = 3
+    ib_flap_window_s: Annotated[float, Meta(gt=0, le=30 * 86400, description="seconds")] = 43500.0
 
     def listen_addr(self) -> tuple[str, int]:
         return split_hostport(self.listen, "listen")

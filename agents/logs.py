@@ -1,10 +1,14 @@
-"""Log tailers: follow files and the kernel log, run detectors, keep recent lines for search."""
+"""Log tailers: follow files, the kernel log and the journal, run detectors, keep recent lines for search."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import os
 import re
+import signal
+import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -13,6 +17,9 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from agents.detectors import detect
+import msgspec
+
+from agents.config import JOURNAL_SOURCE
 from agents.framing import LineBuffer
 from agents.logsearch import match_lines, vet_pattern
 from agents.protocol import MAX_LINE_CHARS, Event, Text, clean_text
@@ -136,6 +143,220 @@ def _open_kernel_log(paths: Iterable[str], from_end: bool) -> _KernelLog | _File
     return None
 
 
+# ----------------------------------------------------------------- journald
+
+JOURNAL_KERNEL = "kernel"  # in ``journal``: the kernel's messages (what /dev/kmsg holds)
+JOURNALCTL = "journalctl"
+_SOURCE = re.compile(JOURNAL_SOURCE)
+_CURSOR = re.compile(r"^[A-Za-z0-9=;_.:\-]{1,512}$")
+# A record is one JSON object; journald keeps fields under 64 KiB unless told otherwise.
+_JOURNAL_RECORD = 1 << 17
+_JOURNAL_RESTART_S = 5.0
+
+
+class _JournalRecord(msgspec.Struct):
+    """The fields of one ``journalctl --output=json`` record this reader uses."""
+
+    message: str | list[int] | None = msgspec.field(default=None, name="MESSAGE")
+    cursor: str | None = msgspec.field(default=None, name="__CURSOR")
+    transport: str | None = msgspec.field(default=None, name="_TRANSPORT")
+    unit: str | None = msgspec.field(default=None, name="_SYSTEMD_UNIT")
+    identifier: str | None = msgspec.field(default=None, name="SYSLOG_IDENTIFIER")
+
+
+_RECORD = msgspec.json.Decoder(_JournalRecord)
+
+
+def journal_argv(sources: Iterable[str], cursor: str | None, journalctl: str = JOURNALCTL) -> list[str]:
+    """The fixed argv that follows ``sources`` ("kernel" and unit names), after ``cursor`` when one is kept.
+
+    Matches are OR-ed with ``+``; raises ``ValueError`` for a source that is
+    neither "kernel" nor a unit name.
+    """
+    matches: list[str] = []
+    for source in dict.fromkeys(sources):
+        if source == JOURNAL_KERNEL:
+            match = "_TRANSPORT=kernel"
+        elif _SOURCE.match(source):
+            match = f"_SYSTEMD_UNIT={source}"
+        else:
+            raise ValueError(f"journal: {source!r} is neither {JOURNAL_KERNEL!r} nor a unit name such as 'nvidia-fabricmanager.service'")
+        matches += ["+", match] if matches else [match]
+    start = [f"--after-cursor={cursor}"] if cursor else ["--lines=0"]
+    return [journalctl, "--follow", "--output=json", "--all", "--quiet", *start, *matches]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # PR_SET_PDEATHSIG: the follower must not outlive an agent that was killed outright.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _message(record: _JournalRecord) -> str:
+    """MESSAGE as text: journald sends it as a byte array when it is not valid UTF-8 or holds control bytes."""
+    value = record.message
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        value = bytes(b & 0xFF for b in value).decode("utf-8", "replace")
+    return clean_text(value.rstrip("\r\n"))
+
+
+class _Journal:
+    """``journalctl --follow --output=json`` as a child: the kernel's and named units' records, read without blocking.
+
+    The cursor of the last record read is kept (in ``cursor_file`` when given,
+    written privately), so an agent restarted later resumes after it instead
+    of reading the journal again or losing what came in between. A follower
+    that exits is started again, after the cursor, a few seconds later.
+    """
+
+    path = "journal"
+
+    def __init__(
+        self,
+        sources: Iterable[str],
+        cursor_file: str | None = None,
+        *,
+        journalctl: str = JOURNALCTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sources = list(dict.fromkeys(sources))
+        journal_argv(self.sources, None, journalctl)  # a bad source fails here, before anything runs
+        self.cursor_file = cursor_file
+        self.journalctl = journalctl
+        self.clock = clock
+        self.cursor = self._load_cursor()
+        self.broken = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines = LineBuffer(_JOURNAL_RECORD)
+        self._saved = self.cursor
+        self._retry_at = 0.0
+        self._start()
+
+    def _load_cursor(self) -> str | None:
+        if not self.cursor_file:
+            return None
+        try:
+            with open(self.cursor_file, encoding="ascii") as fh:
+                text = fh.read(1024).strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if not _CURSOR.match(text):
+            logger.warning("journal cursor {} is not a cursor; following from now", self.cursor_file)
+            return None
+        return text
+
+    def _save_cursor(self) -> None:
+        if not self.cursor_file or self.cursor == self._saved or self.cursor is None:
+            return
+        tmp = f"{self.cursor_file}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(self.cursor + "\n")
+            os.replace(tmp, self.cursor_file)
+            self._saved = self.cursor
+        except OSError as exc:
+            logger.warning("cannot keep the journal cursor in {}: {}; a restart may read records again", self.cursor_file, exc.strerror)
+            self.cursor_file = None
+
+    def _start(self) -> None:
+        argv = journal_argv(self.sources, self.cursor, self.journalctl)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - the child only calls prctl before exec
+            )
+        except OSError as exc:
+            logger.warning("cannot run {} ({}); the journal is not read", self.journalctl, exc.strerror or exc)
+            self.broken = True
+            return
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        self.lines = LineBuffer(_JOURNAL_RECORD)
+        logger.debug("following the journal: {}", " ".join(argv))
+
+    def read(self, budget: int) -> tuple[list[tuple[str, str]], int]:
+        """(source, message) of the records that arrived, and the bytes they took."""
+        if self.proc is None:
+            if not self.broken and self.clock() >= self._retry_at:
+                self._start()
+            return [], 0
+        assert self.proc.stdout is not None
+        chunks: list[bytes] = []
+        used = 0
+        ended = False
+        while used < budget:
+            try:
+                data = os.read(self.proc.stdout.fileno(), min(1 << 16, budget - used))
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                logger.warning("reading the journal failed: {}", exc.strerror)
+                ended = True
+                break
+            if not data:
+                ended = True
+                break
+            used += len(data)
+            chunks.append(data)
+        out: list[tuple[str, str]] = []
+        for raw in self.lines.feed(b"".join(chunks)):
+            try:
+                record = _RECORD.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # not a record (a truncated one, or a journalctl notice): skip it
+            if record.cursor:
+                self.cursor = record.cursor
+            message = _message(record)
+            if not message:
+                continue
+            if record.transport == "kernel":
+                where = f"journal:{JOURNAL_KERNEL}"
+            else:
+                where = f"journal:{clean_text(record.unit or record.identifier or 'unknown', 200)}"
+            out.append((where, message))
+        self._save_cursor()
+        if ended:
+            self._reap()
+        return out, used
+
+    def _reap(self) -> None:
+        if self.proc is None:
+            return
+        code = self.proc.poll()
+        if code is None:
+            return
+        logger.warning("{} exited with status {}; following the journal again in {:g}s", self.journalctl, code, _JOURNAL_RESTART_S)
+        self._close_proc()
+        self._retry_at = self.clock() + _JOURNAL_RESTART_S
+
+    def _close_proc(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.warning("{} (pid {}) did not exit after SIGKILL", self.journalctl, proc.pid)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def close(self) -> None:
+        self._save_cursor()
+        self._close_proc()
+
+
 # A crash loop or a retrying NCCL can write the same error thousands of times a
 # second; past this many events of one kind from one log in one poll, the rest
 # are counted on the last one instead of sent.
@@ -197,6 +418,9 @@ class LogTailer:
         read_bytes: int = DEFAULT_READ_BYTES,
         buffer_lines: int = DEFAULT_BUFFER_LINES,
         from_start: bool = False,
+        journal: Iterable[str] = (),
+        journal_cursor: str | None = None,
+        journalctl: str = JOURNALCTL,
     ) -> None:
         self._clock = clock
         self._read_bytes = read_bytes
@@ -204,6 +428,13 @@ class LogTailer:
         for tail in self._files:
             tail.open(from_end=not from_start)
         self._kernel = _open_kernel_log(kernel_paths, from_end=True) if kernel else None
+        sources = list(journal)
+        # Where the kernel log is only in the journal, reading /dev/kmsg as well would report each line twice.
+        if JOURNAL_KERNEL in sources and self._kernel is not None:
+            logger.debug("kernel messages come from the journal; not reading {}", self._kernel.path)
+            self._kernel.close()
+            self._kernel = None
+        self._journal = _Journal(sources, journal_cursor, journalctl=journalctl) if sources else None
         self._buffer: deque[LogEntry] = deque(maxlen=buffer_lines)
 
     @property
@@ -212,6 +443,8 @@ class LogTailer:
         names = [t.path for t in self._files]
         if self._kernel is not None:
             names.append(self._kernel.path)
+        if self._journal is not None and not self._journal.broken:
+            names.append(self._journal.path)
         return names
 
     def poll(self) -> tuple[list[LogEntry], list[Event]]:
@@ -231,6 +464,11 @@ class LogTailer:
                     self._kernel.close()
                     self._kernel = None
             entries.extend((kernel_path, _decode(raw), now) for raw in raws)
+        if self._journal is not None:
+            records, _ = self._journal.read(self._read_bytes)
+            entries.extend((where, message, now) for where, message in records)
+            if self._journal.broken:
+                self._journal = None
         self._buffer.extend(entries)
         return entries, _events(entries)
 
@@ -285,3 +523,5 @@ class LogTailer:
             tail.close()
         if self._kernel is not None:
             self._kernel.close()
+        if self._journal is not None:
+            self._journal.close()

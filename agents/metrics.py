@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +14,16 @@ from prometheus_client.registry import Collector
 
 from agents.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample
 from agents.sources import SourceHealth, SourceState
+from agents.sources.infiniband import IbSource, ib_families
 from agents.sources.nvml import encode_throttle
+from agents.sources.xid import xid_meaning
 
-# dcgm-exporter's label set, so its Grafana dashboards work unchanged.
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+# dcgm-exporter's label set, so its Grafana dashboards work unchanged (its released
+# versions spell the host label "Hostname"). Its default counters file also makes the
+# driver version a label of every GPU metric (DCGM_FI_DRIVER_VERSION, type "label").
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+# dcgm-exporter adds these to DCGM_FI_DEV_XID_ERRORS: the code again, and its meaning.
+XID_LABELS = (*GPU_LABELS, "err_code", "err_msg")
 
 # (metric, help, GpuSample field, scale). dcgm-exporter declares some of these
 # counters, but prometheus_client would then append "_total" and break the
@@ -25,23 +31,79 @@ GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 _GPU_FIELDS: tuple[tuple[str, str, str, float], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "util", 1),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "mem_util", 1),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "enc_util", 1),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "dec_util", 1),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temp_c", 1),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "mem_temp_c", 1),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_w", 1),
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_j", 1000),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz", 1),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "mem_clock_mhz", 1),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "mem_used_mb", 1),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "mem_reserved_mb", 1),
     ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe transmit throughput (in KB/s).", "pcie_tx_kbs", 1),
     ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe receive throughput (in KB/s).", "pcie_rx_kbs", 1),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay", 1),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "ecc_sbe", 1),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "ecc_dbe", 1),
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether rows are pending remapping (1) or not (0).", "remapped_rows_pending", 1),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed (1) or not (0).", "remapped_rows_failed", 1),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "remapped_rows_failed", 1),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
+        "remapped_rows_uncorrectable", 1,
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
+        "remapped_rows_correctable", 1,
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "Total number of NVLink bandwidth counters for all lanes.",
+        "nvlink_bytes", 1,
+    ),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU License status", "vgpu_license_status", 1),
+    # Profiling (DCP) fields, read through NVML GPM on Hopper and later; absent elsewhere, as dcgm leaves them.
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", "gr_engine_active", 1),
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", "sm_active", 1),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", "sm_occupancy", 1),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", "tensor_active", 1),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio of cycles the device memory interface is active sending or receiving data.", "dram_active", 1,
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.", "pcie_tx_bps", 1,
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.", "pcie_rx_bps", 1,
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+        "nvlink_tx_bps", 1,
+    ),
+    (
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+        "nvlink_rx_bps", 1,
+    ),
     ("gridwatch_gpu_retired_pages", "Pages retired for single- and double-bit ECC errors (pre-Ampere).", "retired_pages", 1),
     ("gridwatch_gpu_nvlink_errors", "NVLink replay, recovery and CRC errors summed over active links.", "nvlink_errors", 1),
     ("gridwatch_gpu_compute_processes", "Compute processes holding the GPU.", "procs", 1),
 )
+# Per NVLink, as DCGM's DCGM_FI_PROF_NVLINK_L<n>_TX_BYTES / _RX_BYTES fields (GPM's per-link rates).
+_LINK_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("TX", "transmitted", "nvlink_link_tx_bps"),
+    ("RX", "received", "nvlink_link_rx_bps"),
+)
+
+
+def xid_message(code: int) -> str:
+    """dcgm-exporter's ``err_msg`` for an XID code: ``No Error`` for 0, else what the code means."""
+    return "No Error" if code == 0 else xid_meaning(code)
 
 
 def nvml_bus_id(key: str | None) -> str:
@@ -82,6 +144,7 @@ class MetricsExporter:
         self._events = _EventCounts()
         self._server: Any = None
         self._sources: list[SourceHealth] = []
+        self.infiniband: IbSource | None = None  # its last reading, under node_exporter's infiniband names
         self.registry.register(_Collector(self))
 
     def update(
@@ -129,6 +192,8 @@ class MetricsExporter:
             yield from _host_families(snap.node, snap.host)
             yield from _agent_families(snap.node, snap.agent)
             yield from _source_families(snap.node, self._sources)
+        if self.infiniband is not None:
+            yield from ib_families(self.infiniband.last)
         yield from self._event_families(snap.node if snap else "")
 
     def _gpu_families(self, snap: _Snapshot) -> Iterator[Metric]:
@@ -143,6 +208,7 @@ class MetricsExporter:
                 f"nvidia{index}",
                 str(info.name) if info else "",
                 snap.node,
+                str(info.driver or "") if info else "",
             ]
 
         for name, help_text, attr, scale in _GPU_FIELDS:
@@ -166,14 +232,17 @@ class MetricsExporter:
             if s.state != "lost":
                 throttle.add_metric(labels(s.index), float(encode_throttle([str(t) for t in s.throttle])))
             state.add_metric([*labels(s.index), str(s.state)], 1.0)
+        # From the first scrape, as dcgm-exporter: 0 ("No Error") until an XID arrives; alert rules rely on it.
         xid = GaugeMetricFamily(
-            "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=GPU_LABELS
+            "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=XID_LABELS
         )
         with self._events.lock:
             last_xid = dict(self._events.last_xid)
-        for index, code in sorted(last_xid.items()):
-            xid.add_metric(labels(index), float(code))
+        for index in sorted({s.index for s in snap.gpus} | set(last_xid)):
+            code = last_xid.get(index, 0)
+            xid.add_metric([*labels(index), str(code), xid_message(code)], float(code))
         yield from (free, throttle, state, xid)
+        yield from _link_families(snap.gpus, labels)
 
     def _event_families(self, node: str) -> Iterator[Metric]:
         family = CounterMetricFamily(
@@ -184,6 +253,23 @@ class MetricsExporter:
         for (kind, severity), count in counts:
             family.add_metric([node, kind, severity], count)
         yield family
+
+
+def _link_families(gpus: list[GpuSample], labels: Callable[[int], list[str]]) -> Iterator[Metric]:
+    """``DCGM_FI_PROF_NVLINK_L<n>_TX_BYTES`` / ``_RX_BYTES``: one family per link any GPU reports."""
+    links = max((len(getattr(s, attr)) for s in gpus for _d, _w, attr in _LINK_FIELDS), default=0)
+    for link in range(links):
+        for direction, verb, attr in _LINK_FIELDS:
+            family = GaugeMetricFamily(
+                f"DCGM_FI_PROF_NVLINK_L{link}_{direction}_BYTES",
+                f"The rate of data {verb} over NVLink {link}, not including protocol headers, in bytes per second.",
+                labels=GPU_LABELS,
+            )
+            for s in gpus:
+                values = getattr(s, attr)
+                if link < len(values) and values[link] is not None:
+                    family.add_metric(labels(s.index), float(values[link]))
+            yield family
 
 
 def _gauge(name: str, help_text: str, node: str, value: float | None) -> GaugeMetricFamily:

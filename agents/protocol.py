@@ -97,6 +97,7 @@ class GpuInfo(msgspec.Struct, kw_only=True):
     pci_bus_id: Text | None = None
     memory_total_mb: float | None = None
     serial: Text | None = None
+    driver: Text | None = None  # nvmlSystemGetDriverVersion (dcgm's DCGM_FI_DRIVER_VERSION label)
 
 
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -124,6 +125,26 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     nvlink_errors: int | None = None
     procs: int | None = None  # compute processes holding the GPU
     state: Text = Text("ok")  # ok | lost (fell off the bus) | hung
+    mem_temp_c: float | None = None  # NVML_FI_DEV_MEMORY_TEMP (HBM)
+    enc_util: float | None = None  # nvmlDeviceGetEncoderUtilization, %
+    dec_util: float | None = None  # nvmlDeviceGetDecoderUtilization, %
+    mem_reserved_mb: float | None = None  # nvmlDeviceGetMemoryInfo_v2().reserved
+    remapped_rows_correctable: int | None = None  # nvmlDeviceGetRemappedRows, rows
+    remapped_rows_uncorrectable: int | None = None
+    nvlink_bytes: float | None = None  # NVLink raw tx+rx bytes over all links since driver load
+    vgpu_license_status: int | None = None  # 1 licensed vGPU guest, 0 otherwise (dcgm's value)
+    # GPU Performance Monitoring (NVML GPM, Hopper and later): averages over the last tick.
+    gr_engine_active: float | None = None  # ratio 0-1 (dcgm PROF_GR_ENGINE_ACTIVE)
+    sm_active: float | None = None  # ratio 0-1
+    sm_occupancy: float | None = None  # ratio 0-1
+    tensor_active: float | None = None  # ratio 0-1, any tensor pipe
+    dram_active: float | None = None  # ratio 0-1
+    pcie_tx_bps: float | None = None  # bytes/s, headers and payload
+    pcie_rx_bps: float | None = None
+    nvlink_tx_bps: float | None = None  # bytes/s, all links
+    nvlink_rx_bps: float | None = None
+    nvlink_link_tx_bps: list[float | None] = []  # per link, index = link id
+    nvlink_link_rx_bps: list[float | None] = []
 
 
 class NicSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -136,6 +157,26 @@ class NicSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     tx_drops: int = 0
     up: bool | None = None
     speed_mbps: float | None = None
+
+
+class IbPortSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One InfiniBand / RoCE HCA port (``ibstat``; ``/sys/class/infiniband/<device>/ports/<port>``).
+
+    Only error counters that are not zero travel (``errors``), and only those that grew since the
+    last sample (``deltas``): a healthy port costs a few dozen bytes. Every counter is on /metrics.
+    """
+
+    device: Text  # mlx5_0
+    port: int
+    state: Text | None = None  # ACTIVE | DOWN | INIT | ARMED | ACTIVE_DEFER
+    phys_state: Text | None = None  # LinkUp | Polling | Disabled | ...
+    rate_gbps: float | None = None  # 400 for "400 Gb/sec (4X NDR)"
+    link_layer: Text | None = None  # InfiniBand | Ethernet (RoCE)
+    rx_bps: float | None = None  # bytes/s, from port_rcv_data (counted in 4-byte words)
+    tx_bps: float | None = None
+    errors: dict[Text, int] = {}  # error counter -> value, non-zero ones only
+    deltas: dict[Text, int] = {}  # error counter -> growth since the last sample, non-zero ones only
+    saturated: list[Text] = []  # counters pinned at their maximum: they can no longer show news
 
 
 class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -151,6 +192,7 @@ class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     psi_cpu: float | None = None  # /proc/pressure/cpu some avg10
     psi_memory: float | None = None
     psi_io: float | None = None
+    ib: list[IbPortSample] = []  # HCA ports; empty on a node without InfiniBand / RoCE
 
 
 class AgentStats(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -253,6 +295,17 @@ class Event(Frame, tag="event"):
     code: int | None = None  # XID code, for kind == "xid"
     source: Text = Text("")  # nvml | log:/var/log/kern.log | trainer | sim | agent
     details: dict[Text, Text] = {}  # free-form, as text: pci_bus_id, rank, path ...
+    # For kind == "xid": NVIDIA's resolution of the code, one of XidResolution's names. Text, not the
+    # enum, so a name a newer catalogue adds still decodes; empty from agents older than the field.
+    resolution: Text = Text("")
+
+    def __post_init__(self) -> None:
+        # An XID without a resolution (an older agent's, or one built without it) gets the
+        # catalogue's, so playbooks decide alike whoever made the event.
+        if self.kind == "xid" and self.code is not None and not self.resolution:
+            from agents.xidcatalog import xid_resolution_of  # the catalogue imports this module
+
+            self.resolution = Text(xid_resolution_of(self.code))
 
 
 class LogLine(Frame, tag="log"):
@@ -343,6 +396,8 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "traceback",
         "oom",
         "nan_loss",
+        "cuda_error",
+        "worker_failed",
         "loss_spike",
         "straggler",
         "trainer_exit",
@@ -359,6 +414,26 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "fault_injected",
         "source_failed",
         "source_recovered",
+        # HCA ports (agents/sources/infiniband.py).
+        "ib_link_down",  # a port left ACTIVE, or its link_downed counter grew
+        "ib_link_up",
+        "ib_link_flap",  # down 25 s or more and back, three times (gpud's rule)
+        "ib_errors",  # an error counter grows faster than the configured rate
+        "ib_unreadable",  # a sysfs file of a port vanished or holds garbage
+        # From the kernel and driver log (agents/detectors/kernel.py).
+        "gsp_error",
+        "nvswitch_sxid",
+        "fabric_manager",
+        "gpu_init_failure",
+        "peermem_error",
+        "nic_link_down",
+        "pcie_aer",
+        "edac_memory",
+        "hung_task",
+        "soft_lockup",
+        "oom_killer",
+        "kernel_panic",
+        "disk_io_error",
     }
 )
 
@@ -368,6 +443,7 @@ ACTIONS: frozenset[str] = frozenset(
         "clear_faults",
         "isolate",
         "unisolate",
+        "reset_gpu",
         "checkpoint_now",
         "pause",
         "resume",

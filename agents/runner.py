@@ -31,16 +31,22 @@ def build_agent(config: AgentConfig) -> Agent:
     """Open every source named by the config (each once) and wire them to an Agent."""
     from agents.logs import LogTailer
     from agents.sources.host import HostSource
+    from agents.sources.infiniband import IbThresholds, open_ib_source
     from agents.sources.nvml import open_gpu_source
     from agents.stack import fingerprint
 
     gpus, notes = open_gpu_source(config.simulate_gpus, config.sim_seed)  # logs its notes once
-    tailer = LogTailer(config.log, kernel=config.kernel_log)
+    tailer = LogTailer(config.log, kernel=config.kernel_log, journal=config.journal, journal_cursor=config.journal_cursor)
     metrics = None
     if config.metrics_listen:
         from agents.metrics import MetricsExporter
 
         metrics = MetricsExporter()
+    # HCA ports: simulated beside simulated GPUs, else whatever sysfs lists (none: no source).
+    infiniband = open_ib_source(config.ib_root, config.simulate_gpus, config.sim_seed, IbThresholds(
+        config.ib_error_rate, config.ib_flap_down_s, config.ib_flap_count, config.ib_flap_window_s))
+    if metrics is not None and infiniband is not None:
+        metrics.infiniband = infiniband
     trainer = None
     if config.trainer_socket:
         from agents.trainer_link import TrainerLink
@@ -53,6 +59,7 @@ def build_agent(config: AgentConfig) -> Agent:
         tailer=tailer,
         metrics=metrics,
         trainer=trainer,
+        infiniband=infiniband,
         stack=fingerprint(nvml=gpus is not None and not config.simulate_gpus),
         notes=notes,
     )

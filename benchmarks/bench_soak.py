@@ -3,10 +3,13 @@
 Runs ``gridwatch demo --headless --chaos --json`` for ``--minutes`` (default 10),
 then, unless ``--no-baseline``, the same soak (same seed, so the same fault
 choices; after it, or beside it with ``--parallel``) as the baseline:
-``--baseline torchrun`` (default) acts alike but the trainer re-forms through
+``--baseline watch-only`` (default): incidents are made but no step that acts
+is sent, so the job lives with each fault as a cluster without gridwatch does
+(the simulated faults hurt the trainer: a lost GPU hangs its collective until
+the collective timeout, the trainer's ``--progress-deadline``);
+``--baseline torchrun`` acts alike but the trainer re-forms through
 torchrun's rendezvous, restarting every worker, as gridwatch's trainer did
-before its membership coordinator; ``--baseline watch-only``: incidents are
-made but no step that acts is sent. Prints each run's incidents and a table of
+before its membership coordinator. Prints each run's incidents and a table of
 goodput (productive training time over wall time, from the demo's summary)
 with the ratio; ``--out`` keeps both summaries as JSON.
 
@@ -80,8 +83,9 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--baseline", choices=("torchrun", "watch-only"), default="torchrun",
-                        help="the soak to compare with (default: acting, with torchrun re-forming the job)")
+    parser.add_argument("--baseline", choices=("torchrun", "watch-only"), default="watch-only",
+                        help="the soak to compare with (default: watch-only, incidents made but no step that acts "
+                             "sent; torchrun: acting, with torchrun re-forming the job)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline soak")
     parser.add_argument("--parallel", action="store_true", help="run the two soaks at the same time")
     parser.add_argument("--tiny", action="store_true",

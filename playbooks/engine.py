@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Iterable
 from loguru import logger
 
 from agents.protocol import STALE_AFTER_INTERVALS, Event, Frame, Hello, LogLine, Sample, severity_rank
+from agents.xidcatalog import xid_catalog
+from playbooks.durations import format_duration
 from playbooks.clock import Clock
 from playbooks.guards import GuardLedger, apply_guards
 from playbooks.model import (
@@ -31,6 +33,7 @@ from playbooks.model import (
     LogTrigger,
     MetricTrigger,
     Playbook,
+    Step,
 )
 from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 
@@ -84,9 +87,16 @@ class _Symptom:
     summary: str
     details: dict[str, str] = field(default_factory=dict)
     ident: str = ""  # the identity of the frame behind it (see Engine._identity)
+    code: int | None = None  # the XID code, for the repeat rule (same XID, same scope)
 
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9]")
+
+
+def _blame(event: Event) -> str:
+    """What an XID points at (XidBlame), from the catalogue; empty for another event or an unlisted code."""
+    entry = xid_catalog().get(event.code) if event.kind == "xid" and event.code is not None else None
+    return str(entry.blame) if entry is not None else ""
 
 
 def _share(seen: deque[tuple[float, str]]) -> float:
@@ -116,6 +126,9 @@ class Engine:
         self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
         # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
         self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
+        self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
+        # (playbook, scope key, XID code) -> when a plan of it let its ``repeat.after`` step act
+        self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
 
     # ----------------------------------------------------------------- input
 
@@ -305,6 +318,10 @@ class Engine:
                 continue
             if trig.severities and event.severity not in trig.severities:
                 continue
+            if trig.resolutions and str(event.resolution) not in trig.resolutions:
+                continue
+            if trig.blames and _blame(event) not in trig.blames:
+                continue
             if trig.message is not None and not trig.message.search(str(event.message)):
                 continue
             if any(not p.search(str(event.details.get(k, ""))) for k, p in trig.details):
@@ -312,7 +329,8 @@ class Engine:
             what = f"xid {event.code}" if event.kind == "xid" and event.code is not None else str(event.kind)
             where = f"{node.name} gpu {event.gpu}" if event.gpu is not None else node.name
             summary = f"{what} on {where}" + (f": {event.message}" if event.message else "")
-            symptom = _Symptom(node.name, event.gpu, summary, {k: str(v) for k, v in event.details.items()})
+            symptom = _Symptom(node.name, event.gpu, summary, {k: str(v) for k, v in event.details.items()},
+                               code=event.code if event.kind == "xid" else None)
             target = self._target(pb, symptom)
             if target is None:
                 logger.bind(node=node.name).debug("{}: {} names no node we know; not counted", pb.name, summary)
@@ -526,6 +544,8 @@ class Engine:
             incident.notes.append(f"{now:.3f} first symptom at training step {symptom.details['step']}")
         self._open[(pb.name, key)] = incident
         self._by_id[incident.id] = incident
+        if symptom.code is not None:
+            self._codes[incident.id] = symptom.code
         logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
         if superseded is not None:
             self._supersede(superseded, incident, now)
@@ -601,7 +621,19 @@ class Engine:
                                 f"{len(silent)} did not")
                 incident.notes.append(f"{now:.3f} {escalate_all}")
         key = next((k[1] for k, v in self._open.items() if v is incident), incident.node)
-        steps = self._steps(pb, incident, now)
+        spec = pb.plan
+        fixes: deque[float] | None = None
+        g = pb.guards
+        if g.repeat_after is not None and g.repeat_max is not None:
+            fixes = self._fixes_of_code.setdefault((pb.name, key, self._codes.get(incident.id)), deque())
+            while fixes and now - fixes[0] > g.repeat_window:
+                fixes.popleft()
+            if len(fixes) >= g.repeat_max:
+                spec = g.repeat_then
+                incident.summary += (f"; came back after {len(fixes)} {g.repeat_after} within "
+                                     f"{format_duration(g.repeat_window)}: hardware inspection")
+                incident.notes.append(f"{now:.3f} repeat rule: {incident.summary}")
+        steps = self._steps(pb, incident, now, spec)
         if escalate_all:
             for step in steps:
                 if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
@@ -609,6 +641,8 @@ class Engine:
         job_size = len([n for n in self.nodes.values()
                         if not incident.job or not n.job or n.job == incident.job]) or 1
         apply_guards(pb, key, steps, self.ledger, job_size, now)
+        if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
+            fixes.append(now)
         self._coalesce_restarts(incident, steps, now)
         for step in steps:
             if step.decision == "act" and step.step in REMOVING_STEPS:
@@ -639,15 +673,17 @@ class Engine:
             common = frozenset(s for s in common if s < below)
         return max(common) if common else None
 
-    def _steps(self, pb: Playbook, incident: Incident, now: float) -> list[PlannedStep]:
-        removing = {incident.node} if any(s.action in REMOVING_STEPS for s in pb.plan) else set()
+    def _steps(self, pb: Playbook, incident: Incident, now: float,
+               plan: tuple[Step, ...] | None = None) -> list[PlannedStep]:
+        plan = pb.plan if plan is None else plan
+        removing = {incident.node} if any(s.action in REMOVING_STEPS for s in plan) else set()
         live = [n for n in self.live_nodes(incident.job) if n not in removing]
         cause = self.nodes.get(incident.node)
         before_step = next((int(n.split()[-1]) for n in incident.notes if "training step" in n), None)
         if before_step is None and cause is not None:
             before_step = cause.trainer_step
         steps = []
-        for index, spec in enumerate(pb.plan):
+        for index, spec in enumerate(plan):
             job_wide = spec.action in JOB_STEPS
             step = PlannedStep(
                 id=f"{incident.id}/{index}", incident=incident.id, playbook=pb.name, index=index,

@@ -3,7 +3,8 @@
 Where each step goes:
 
 - ``capture_scene``, ``isolate_node`` go to the incident's node (agent actions
-  ``capture_scene``, ``isolate``).
+  ``capture_scene``, ``isolate``); ``reset_gpu`` too, with the incident's GPU
+  (agent action ``reset_gpu``: it answers ok once the GPU reads healthy again).
 - ``checkpoint_now``, ``pause_training``, ``restart_from_checkpoint`` are job-wide:
   the engine lists in ``PlannedStep.nodes`` every live node not taken out of the
   job, and each gets the agent action (``checkpoint_now``, ``pause``,
@@ -67,6 +68,7 @@ STEP_ACTIONS: dict[str, str] = {
     "checkpoint_now": "checkpoint_now",
     "pause_training": "pause",
     "restart_from_checkpoint": "restart_from",
+    "reset_gpu": "reset_gpu",  # args {"gpu": the incident's GPU}; the agent reads it healthy after the reset
 }
 
 # The step state while a drain waits for the scheduler's controller, and how its outcome starts.
@@ -468,6 +470,10 @@ class Executor:
         args: dict[str, Any] = {"incident": incident.id}
         if step.step == "restart_from_checkpoint":
             args.update(restart_args(step))
+        if step.step == "reset_gpu":
+            if incident.gpu is None:
+                raise StepFailed("the incident names no GPU to reset")
+            args["gpu"] = incident.gpu
         if not step.nodes:
             raise StepFailed("no node to send it to")
         results = await asyncio.gather(*(self._act(n, action, args, reason) for n in step.nodes))

@@ -81,7 +81,7 @@ def apply_guards(playbook: Playbook, key: str, steps: list[PlannedStep], ledger:
         stop("escalate", reason)
         stop("skip", reason, acting_only=False)
         return
-    if g.repeat_max is not None:
+    if g.repeat_max is not None and g.repeat_after is None:  # with ``after`` the engine plans ``then`` instead
         repeats = _recent(ledger.fixes.get((playbook.name, key)), g.repeat_window, now)
         if repeats >= g.repeat_max:
             stop("escalate", f"the same fix already ran {repeats} times on {key} within "

@@ -19,6 +19,7 @@ SCOPES: tuple[str, ...] = ("gpu", "node", "job")
 STEP_NAMES: tuple[str, ...] = (
     "capture_scene",
     "checkpoint_now",
+    "reset_gpu",
     "isolate_node",
     "drain_node",
     "restart_from_checkpoint",
@@ -32,8 +33,10 @@ REMOVING_STEPS: frozenset[str] = frozenset({"isolate_node", "drain_node"})
 # Steps that change something; a guard that stops a plan stops these and lets
 # the harmless ones (keeping the scene, telling people) go ahead.
 ACTING_STEPS: frozenset[str] = frozenset(
-    {"checkpoint_now", "isolate_node", "drain_node", "restart_from_checkpoint", "pause_training"}
+    {"checkpoint_now", "isolate_node", "drain_node", "restart_from_checkpoint", "pause_training", "reset_gpu"}
 )
+# Steps that act on one GPU, the incident's: their playbook must have scope gpu.
+GPU_STEPS: frozenset[str] = frozenset({"reset_gpu"})
 # Steps that act on the whole job: sent to every live node that is not isolated.
 JOB_STEPS: frozenset[str] = frozenset({"checkpoint_now", "restart_from_checkpoint", "pause_training"})
 
@@ -74,6 +77,9 @@ class EventTrigger:
     distinct: str | None = None
     hold: float = 0.0
     share: float | None = None
+    # An XID's resolution (agents.xidcatalog.XidResolution names) and blame (XidBlame), per NVIDIA's catalogue.
+    resolutions: frozenset[str] = frozenset()
+    blames: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,10 @@ class Guards:
     rate_window: float = 3600.0  # ... within this window
     repeat_max: int | None = None  # the same fix on the same scope this many times: escalate
     repeat_window: float = 86400.0
+    # The same XID back on the same scope after ``repeat_max`` earlier plans let this step act
+    # (a reset_gpu): plan ``repeat_then`` instead (hardware inspection), not the fix again.
+    repeat_after: str | None = None
+    repeat_then: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)

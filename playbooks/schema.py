@@ -17,10 +17,12 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from agents.protocol import EVENT_KINDS, SEVERITIES, STALE_AFTER_INTERVALS
+from agents.xidcatalog import XidBlame, XidResolution
 from playbooks.durations import parse_duration
 from playbooks.metrics import parse_condition
 from playbooks.model import (
     CONDITIONS,
+    GPU_STEPS,
     SCHEDULERS,
     SCOPES,
     STEP_NAMES,
@@ -53,7 +55,9 @@ _PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan",
                   "replaces")
 _TRIGGER_KEYS = ("event", "match", "count", "within", "distinct", "share", "metric", "for", "log", "source",
                  "condition", "missed")
-_MATCH_KEYS = ("code", "severity", "message", "details")
+_MATCH_KEYS = ("code", "severity", "message", "details", "resolution", "blame")
+_RESOLUTIONS: tuple[str, ...] = tuple(r.value for r in XidResolution)
+_BLAMES: tuple[str, ...] = tuple(b.value for b in XidBlame)
 _STEP_KEYS = (
     "do", "confirm", "timeout", "continue_on_failure", "scheduler", "checkpoint",
     "channel", "url", "command", "message", "condition",
@@ -208,6 +212,8 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
         persistence = _persistence(c, keys, within)
         codes: list[int] = []
         severities: list[str] = []
+        resolutions: list[str] = []
+        blames: list[str] = []
         message = None
         details: list[tuple[str, re.Pattern[str]]] = []
         if "match" in keys:
@@ -217,6 +223,11 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
             if "severity" in match:
                 severities = c.items(match["severity"][1], "trigger.match.severity",
                                      lambda n: c.choice(n, SEVERITIES, "a severity"))
+            if "resolution" in match:
+                resolutions = c.items(match["resolution"][1], "trigger.match.resolution",
+                                      lambda n: c.choice(n, _RESOLUTIONS, "an XID resolution"))
+            if "blame" in match:
+                blames = c.items(match["blame"][1], "trigger.match.blame", lambda n: c.choice(n, _BLAMES, "a blame"))
             if "message" in match:
                 message = c.regex(match["message"][1], "trigger.match.message")
             if "details" in match:
@@ -227,7 +238,8 @@ def _trigger(c: _Checker, node: Node) -> Trigger | None:
         if not kinds:
             return None
         return EventTrigger(frozenset(kinds), frozenset(codes), frozenset(severities), message,
-                            tuple(details), count, within, *persistence)
+                            tuple(details), count, within, *persistence,
+                            resolutions=frozenset(resolutions), blames=frozenset(blames))
     if head == "metric":
         text = c.scalar(keys["metric"][1], str, "trigger.metric")
         hold = c.duration(keys["for"][1], "trigger.for") if "for" in keys else None
@@ -374,16 +386,49 @@ def _guards(c: _Checker, node: Node) -> Guards:
             c.error(keys["blast_radius"][1], "guards.blast_radius needs max_nodes or max_fraction")
     for key, prefix in (("rate_limit", "rate"), ("repeat", "repeat")):
         if key in keys:
-            sub = c.mapping(keys[key][1], ("max", "window"), f"guards.{key}")
+            sub = c.mapping(keys[key][1], ("max", "window") + (("times", "after", "then") if key == "repeat" else ()),
+                            f"guards.{key}")
+            if key == "repeat" and ("after" in sub or "then" in sub):
+                _repeat_after(c, sub, fields)
+            elif "times" in sub:
+                c.error(sub["times"][0], "guards.repeat.times goes with 'after' (the step that did not fix it)")
             if "max" in sub:
                 fields[f"{prefix}_max"] = c.positive_int(sub["max"][1], f"guards.{key}.max")
-            elif isinstance(keys[key][1], MappingNode):
+            elif isinstance(keys[key][1], MappingNode) and not (key == "repeat" and "after" in sub):
                 c.error(keys[key][1], f"guards.{key} needs max")
             if "window" in sub:
                 window = c.duration(sub["window"][1], f"guards.{key}.window")
                 if window:
                     fields[f"{prefix}_window"] = window
     return Guards(**fields)
+
+
+# What the repeat rule plans when the same XID came back after its fix: the GPU needs a person.
+INSPECTION_PLAN: tuple[Step, ...] = (
+    Step("capture_scene"), Step("isolate_node"), Step("drain_node"), Step("restart_from_checkpoint"),
+    Step("notify", message="hardware inspection: the same fault came back after the fix; node isolated and drained"),
+)
+
+
+def _repeat_after(c: _Checker, sub: dict[str, tuple[Node, Node]], fields: dict[str, Any]) -> None:
+    """``repeat: {after: STEP, times: N, window: W, then: [steps]}`` (times 2 and the inspection plan by default)."""
+    if "after" not in sub:
+        c.error(sub["then"][0], "guards.repeat.then needs 'after' (the step whose repeats it follows)")
+        return
+    after = c.choice(sub["after"][1], STEP_NAMES, "guards.repeat.after")
+    fields["repeat_after"] = after
+    times = c.positive_int(sub["times"][1], "guards.repeat.times") if "times" in sub else 2
+    if "max" in sub:
+        c.error(sub["max"][0], "guards.repeat: with 'after', say how many times with 'times'")
+    fields["repeat_max"] = times or 2
+    then: tuple[Step, ...] = INSPECTION_PLAN
+    if "then" in sub:
+        tnode = sub["then"][1]
+        if not isinstance(tnode, SequenceNode) or not tnode.value:
+            c.error(tnode, "guards.repeat.then must be a non-empty list of steps")
+        else:
+            then = tuple(s for s in (_step(c, n, i) for i, n in enumerate(tnode.value)) if s is not None)
+    fields["repeat_then"] = then
 
 
 def _playbook(c: _Checker, node: Node) -> Playbook | None:
@@ -433,6 +478,10 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
         fields["guards"] = _guards(c, keys["guards"][1])
     if fields.get("target") == "cause" and fields.get("scope", "node") != "job":
         c.error(keys["target"][1], "target: cause looks for the node behind a job-wide symptom; it needs scope: job")
+    guards = fields.get("guards")
+    gpu_steps = [s for s in (*steps, *(guards.repeat_then if guards else ())) if s.action in GPU_STEPS]
+    if gpu_steps and fields.get("scope", "node") != "gpu":
+        c.error(keys["plan"][1], f"{gpu_steps[0].action} acts on the incident's GPU; it needs scope: gpu")
     if isinstance(trigger, MetricTrigger) and trigger.condition.per_gpu is False and fields.get("scope") == "gpu":
         c.error(keys["scope"][1], f"scope gpu needs a gpu.* metric; {trigger.condition.metric} is read per node")
     if len(c.errors) > before or name is None or trigger is None:

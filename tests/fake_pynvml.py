@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,7 +51,40 @@ CONSTANTS: dict[str, int] = {
     "nvmlClocksEventReasonSwThermalSlowdown": 0x20,
     "nvmlClocksEventReasonHwThermalSlowdown": 0x40,
     "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80,
+    "NVML_FI_DEV_MEMORY_TEMP": 82,
+    "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX": 140,
+    "NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX": 141,
+    "NVML_VALUE_TYPE_DOUBLE": 0,
+    "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
+    "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG": 3,
+    "NVML_GPU_VIRTUALIZATION_MODE_NONE": 0,
+    "NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH": 1,
+    "NVML_GPU_VIRTUALIZATION_MODE_VGPU": 2,
+    "nvmlMemory_v2": 0x02000028,
+    "NVML_GPM_METRICS_GET_VERSION": 1,
+    "NVML_GPM_SUPPORT_VERSION": 1,
+    "NVML_GPM_METRIC_MAX": 477,
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": 1,
+    "NVML_GPM_METRIC_SM_UTIL": 2,
+    "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": 10,
+    "NVML_GPM_METRIC_PCIE_TX_PER_SEC": 20,
+    "NVML_GPM_METRIC_PCIE_RX_PER_SEC": 21,
+    "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": 60,
+    "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": 61,
+    # Per link, read then write (RX, TX), links 0-17 as on an H100.
+    **{f"NVML_GPM_METRIC_NVLINK_L{n}_RX_PER_SEC": 62 + 2 * n for n in range(18)},
+    **{f"NVML_GPM_METRIC_NVLINK_L{n}_TX_PER_SEC": 63 + 2 * n for n in range(18)},
 }
+
+
+def busy_gpm(links: int = 18) -> dict[int, float]:
+    """What GPM reports for a training H100 over one interval (% and MiB/s; written by us)."""
+    values = {1: 96.0, 2: 81.0, 3: 34.0, 5: 47.0, 10: 42.0, 20: 30.5, 21: 61.0, 60: 12_000.0 * links, 61: 11_000.0 * links}
+    for n in range(links):
+        values[62 + 2 * n], values[63 + 2 * n] = 12_000.0, 11_000.0
+    return values
 # Error codes that get their own NVMLError subclass, named as pynvml names them.
 ERROR_CLASSES: dict[str, int] = {
     "NVMLError_Uninitialized": 1,
@@ -136,6 +170,18 @@ class FakeGpu:
     lost: bool = False
     supported_events: int = 0x1 | 0x2 | 0x8
     calls: dict[str, int] = field(default_factory=dict)
+    mem_temp: int = 71
+    mem_reserved: int = 502 * 1024 * 1024
+    enc_util: int = 0
+    dec_util: int = 0
+    nvlink_raw_kib: tuple[int, int] = (1_000, 2_000)  # (tx, rx) KiB per link, since driver load
+    virtualization_mode: int = 0
+    # GPM: Hopper and later. ``gpm`` is what nvmlGpmMetricsGet reports for an interval, by metric
+    # id (in %, or MiB/s); an id not in it answers NVML_ERROR_NOT_SUPPORTED in its own slot.
+    gpm_supported: bool = True
+    gpm: dict[int, float] = field(default_factory=busy_gpm)
+    # Functions that block until their event is set (a degrading GPU that stops answering).
+    blocking: dict[str, threading.Event] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-00000000-0000-0000-0000-{self.index:012d}"
@@ -159,6 +205,8 @@ class FakeNvml:
     events: deque[FakeEvent] = field(default_factory=deque)
     registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event mask
     shutdowns: int = 0
+    gpm_samples: list[FakeGpmSample] = field(default_factory=list)
+    gpm_clock: int = 0
 
     def queue_xid(self, gpu: int, code: int) -> None:
         self.events.append(FakeEvent(gpu, CONSTANTS["nvmlEventTypeXidCriticalError"], code))
@@ -169,6 +217,32 @@ class _Struct:
         self.__dict__.update(kw)
 
 
+def _field(field_id: int, scope: int, value_type: int, ret: int = 0, **value: Any) -> _Struct:
+    """A ``c_nvmlFieldValue_t``: its own return code, a type tag and a union of value members."""
+    return _Struct(fieldId=field_id, scopeId=scope, valueType=value_type, nvmlReturn=ret, value=_Struct(**value))
+
+
+@dataclass
+class FakeGpmSample:
+    """``nvmlGpmSample_t``: opaque; filled by nvmlGpmSampleGet."""
+
+    device: Any = None
+    taken: int = 0  # order of nvmlGpmSampleGet calls; 0 = never filled
+    values: dict[int, float] = field(default_factory=dict)
+    freed: bool = False
+
+
+class FakeGpmMetricsGet:
+    """``c_nvmlGpmMetricsGet_t``: version, numMetrics, sample1, sample2, metrics[NVML_GPM_METRIC_MAX]."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0  # noqa: N815 - pynvml's name
+        self.sample1 = FakeGpmSample()
+        self.sample2 = FakeGpmSample()
+        self.metrics = [_Struct(metricId=0, nvmlReturn=0, value=0.0) for _ in range(CONSTANTS["NVML_GPM_METRIC_MAX"])]
+
+
 def build(state: FakeNvml) -> types.ModuleType:
     """A module object that answers like ``pynvml`` from ``state``."""
     mod = types.ModuleType("pynvml")
@@ -176,6 +250,7 @@ def build(state: FakeNvml) -> types.ModuleType:
     mod.NVMLError = NVMLError
     mod.__dict__.update(_ERRORS)
     mod.NVML_VALUE_NOT_AVAILABLE_uint = BLANK_UINT
+    mod.c_nvmlGpmMetricsGet_t = FakeGpmMetricsGet
 
     def err(name: str) -> NVMLError:
         return _ERRORS[name]()
@@ -187,6 +262,8 @@ def build(state: FakeNvml) -> types.ModuleType:
     def gpu_call(fn_name: str, handle: FakeGpu, value: Any) -> Any:
         check_init()
         handle.calls[fn_name] = handle.calls.get(fn_name, 0) + 1
+        if fn_name in handle.blocking:
+            handle.blocking[fn_name].wait(timeout=30)
         if handle.lost:
             raise err("NVMLError_GpuIsLost")
         if fn_name in handle.unsupported:
@@ -236,11 +313,84 @@ def build(state: FakeNvml) -> types.ModuleType:
         )
 
     def nvmlDeviceGetMemoryInfo(handle: FakeGpu, version: Any = None) -> _Struct:
+        def info() -> _Struct:
+            free = handle.mem_total - handle.mem_used
+            if version is None:
+                return _Struct(total=handle.mem_total, used=handle.mem_used, free=free)
+            # v2 (nvmlDeviceGetMemoryInfo_v2): reserved is reported apart from used
+            return _Struct(version=version, total=handle.mem_total, reserved=handle.mem_reserved, used=handle.mem_used,
+                           free=free - handle.mem_reserved)
+
+        return gpu_call("nvmlDeviceGetMemoryInfo", handle, info)
+
+    def nvmlDeviceGetEncoderUtilization(handle: FakeGpu) -> list[int]:
+        return gpu_call("nvmlDeviceGetEncoderUtilization", handle, lambda: [handle.enc_util, 167_000])
+
+    def nvmlDeviceGetDecoderUtilization(handle: FakeGpu) -> list[int]:
+        return gpu_call("nvmlDeviceGetDecoderUtilization", handle, lambda: [handle.dec_util, 167_000])
+
+    def nvmlDeviceGetVirtualizationMode(handle: FakeGpu) -> int:
+        return gpu_call("nvmlDeviceGetVirtualizationMode", handle, handle.virtualization_mode)
+
+    def nvmlDeviceGetFieldValues(handle: FakeGpu, fieldIds: list[Any]) -> list[_Struct]:  # noqa: N803
+        # As NVML: the call succeeds and each value carries its own return code.
+        def values() -> list[_Struct]:
+            out = []
+            for wanted in fieldIds:
+                field_id, scope = wanted if isinstance(wanted, tuple) else (wanted, 0)
+                if field_id == CONSTANTS["NVML_FI_DEV_MEMORY_TEMP"]:
+                    out.append(_field(field_id, scope, 1, uiVal=handle.mem_temp))
+                elif field_id in (CONSTANTS["NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX"],
+                                  CONSTANTS["NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX"]) and scope < handle.nvlinks:
+                    tx = field_id == CONSTANTS["NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX"]
+                    out.append(_field(field_id, scope, 3, ullVal=handle.nvlink_raw_kib[0 if tx else 1]))
+                else:
+                    out.append(_field(field_id, scope, 0, ret=CONSTANTS["NVML_ERROR_NOT_SUPPORTED"]))
+            return out
+
+        return gpu_call("nvmlDeviceGetFieldValues", handle, values)
+
+    # GPM, laid out as pynvml lays it out: an opaque sample handle, a request struct the caller
+    # fills (version, numMetrics, sample1, sample2, metrics[i].metricId) and NVML fills back.
+    def nvmlGpmQueryDeviceSupport(device: FakeGpu) -> _Struct:
         return gpu_call(
-            "nvmlDeviceGetMemoryInfo",
-            handle,
-            lambda: _Struct(total=handle.mem_total, used=handle.mem_used, free=handle.mem_total - handle.mem_used),
+            "nvmlGpmQueryDeviceSupport", device,
+            lambda: _Struct(version=CONSTANTS["NVML_GPM_SUPPORT_VERSION"], isSupportedDevice=int(device.gpm_supported)),
         )
+
+    def nvmlGpmSampleAlloc() -> FakeGpmSample:
+        check_init()
+        sample = FakeGpmSample()
+        state.gpm_samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(gpmSample: FakeGpmSample) -> None:  # noqa: N803
+        check_init()
+        gpmSample.freed = True
+
+    def nvmlGpmSampleGet(device: FakeGpu, gpmSample: FakeGpmSample) -> FakeGpmSample:  # noqa: N803
+        def take() -> FakeGpmSample:
+            state.gpm_clock += 1
+            gpmSample.device, gpmSample.taken, gpmSample.values = device, state.gpm_clock, dict(device.gpm)
+            return gpmSample
+
+        return gpu_call("nvmlGpmSampleGet", device, take)
+
+    def nvmlGpmMetricsGet(metricsGet: FakeGpmMetricsGet) -> FakeGpmMetricsGet:  # noqa: N803
+        check_init()
+        first, second = metricsGet.sample1, metricsGet.sample2
+        if (
+            metricsGet.version != CONSTANTS["NVML_GPM_METRICS_GET_VERSION"]
+            or first.freed or second.freed or not first.taken or not second.taken
+            or first.device is not second.device or second.taken <= first.taken
+        ):
+            raise err("NVMLError_InvalidArgument")
+        for metric in metricsGet.metrics[: metricsGet.numMetrics]:
+            if metric.metricId in second.values:
+                metric.nvmlReturn, metric.value = 0, second.values[metric.metricId]
+            else:
+                metric.nvmlReturn, metric.value = CONSTANTS["NVML_ERROR_NOT_SUPPORTED"], 0.0
+        return metricsGet
 
     def nvmlDeviceGetTemperature(handle: FakeGpu, sensor: int) -> int:
         return gpu_call("nvmlDeviceGetTemperature", handle, handle.temp)
@@ -347,7 +497,9 @@ FUNCTIONS = [
     "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter",
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetSupportedEventTypes", "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlSystemGetDriverVersion",
-    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetVirtualizationMode", "nvmlDeviceGetFieldValues", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
 ]
 
 

@@ -150,3 +150,11 @@ def test_train_whose_run_fails_exits_1_not_the_nodes_code(tmp_path):
             train.wait()
     assert train.returncode == 1, err[-2000:]
     assert "error: the run stopped at step" in err and "Traceback" not in err
+
+
+def test_the_fault_cli_offers_exactly_the_agents_fault_kinds() -> None:
+    # The CLI lists them itself so `--help` needs no agent import; they must not drift apart.
+    from agents.actions import FAULT_KINDS as AGENT_KINDS
+    from console.cli.demo import FAULT_KINDS as CLI_KINDS
+
+    assert sorted(CLI_KINDS) == sorted(AGENT_KINDS)

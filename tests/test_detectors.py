@@ -65,3 +65,57 @@ def test_rank_is_picked_up_when_the_line_names_it() -> None:
 )
 def test_ordinary_lines_are_not_events(line: str) -> None:
     assert detect(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "details"),
+    [
+        # Written by us: an NCCL error that also prints the work's timeout is an error, not a timeout.
+        (
+            "[Rank 2] NCCL watchdog thread terminated with exception: NCCL error: unhandled system error, "
+            "ncclSystemError: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, Timeout(ms)=600000)",
+            "nccl_error",
+            {"rank": "2", "error": "ncclSystemError"},
+        ),
+        (
+            "[rank4]:[E1016 03:31:38.929234295 ProcessGroupNCCL.cpp:1709] [PG 3 Rank 4] Timeout at NCCL work: 9141, "
+            "last enqueued NCCL work: 9141, last completed NCCL work: 9140.",
+            "nccl_timeout",
+            {"rank": "4"},
+        ),
+        ("RuntimeError: cuda runtime error (39) : uncorrectable ECC error encountered at x.cpp:265", "ecc_dbe", {"cuda_code": "39"}),
+        ("RuntimeError: CUDA error: device-side assert triggered", "cuda_error", {"error": "cudaErrorAssert"}),
+        ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom", {"error": "CUBLAS_STATUS_ALLOC_FAILED"}),
+        (
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: 407727) of binary: /x/python",
+            "worker_failed",
+            {"exitcode": "-9", "signal": "SIGKILL", "local_rank": "3", "pid": "407727"},
+        ),
+        ("╭──────── Traceback (most recent call last) ────────╮", "traceback", {}),
+        ("{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 0.0002, 'epoch': 0.0}", "nan_loss", {"metric": "grad_norm", "value": "nan"}),
+        ("train/loss: nan", "nan_loss", {"metric": "train/loss"}),  # written by us: a prefixed key
+        ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", "nan_loss", {"metric": "loss_scale"}),
+    ],
+)
+def test_training_software_lines_carry_what_the_operator_needs(line: str, kind: str, details: dict[str, str]) -> None:
+    event = detect(line, "/var/log/trainer.log", 1.0)
+    assert event is not None and event.kind == kind, line
+    assert {k: event.details.get(k) for k in details} == details
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # NCCL's own connect retry and a c10d store timeout at start-up are not collective timeouts.
+        "[03/16][2025-02-25 15:46:48,390] [misc/socket.cc:551] [s11gn1268:pid=3987720] NCCL INFO socketPollConnect: "
+        "connect returned Connection timed out, retrying (1/34) after sleep for 100 msec",
+        "[E socket.cpp:793] [c10d] The client socket has timed out after 1800s while trying to connect to (127.0.0.1, 48391).",
+        "[rank0]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature "
+        "of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.",
+        "step 3 loss: 0.5 (nan-safe)",
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "Loss scale: 65536.0",
+    ],
+)
+def test_lines_that_look_alarming_but_are_not_stay_quiet(line: str) -> None:
+    assert detect(line) is None

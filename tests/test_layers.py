@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agents", "console", "playbooks", "trainer")
 
 # The wire: the modules both ends of a link import. They import nothing of ours but each other.
-WIRE: tuple[str, ...] = ("agents.protocol", "agents.exitcodes", "trainer.control")
+WIRE: tuple[str, ...] = ("agents.protocol", "agents.xidcatalog", "agents.exitcodes", "trainer.control", "agents.simdevices")
 
 # Where each part of the console lives today. A module matches the longest prefix that names it.
 ROOMS: dict[str, tuple[str, ...]] = {

@@ -19,7 +19,8 @@ DCGM_LINT = ("label names should be written in 'snake_case' not 'camelCase'", "s
 
 def _exporter() -> MetricsExporter:
     infos = [
-        GpuInfo(index=0, uuid=Text("GPU-aaaa"), name=Text("NVIDIA H100 80GB HBM3"), pci_bus_id=Text("0000:3b:00.0")),
+        GpuInfo(index=0, uuid=Text("GPU-aaaa"), name=Text("NVIDIA H100 80GB HBM3"), pci_bus_id=Text("0000:3b:00.0"),
+                driver=Text("550.54.15")),
         GpuInfo(index=1, uuid=Text("GPU-bbbb"), name=Text("NVIDIA H100 80GB HBM3"), pci_bus_id=Text("0000:5d:00.0")),
     ]
     gpus = [
@@ -60,7 +61,7 @@ def test_scrape_has_dcgm_names_labels_and_units() -> None:
     assert util == 97
     assert labels == {
         "gpu": "0", "UUID": "GPU-aaaa", "pci_bus_id": "00000000:3B:00.0", "device": "nvidia0",
-        "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node07",
+        "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node07", "DCGM_FI_DRIVER_VERSION": "550.54.15",
     }
     assert samples[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "0")][1] == 1234500  # mJ, as dcgm reports it
     assert samples[("DCGM_FI_DEV_FB_FREE", "0")][1] == 11559

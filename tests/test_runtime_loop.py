@@ -153,3 +153,45 @@ async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_
         for server in job.servers.values():
             server.stop()
         store.close()
+
+
+async def test_an_incident_from_before_any_training_step_recovers_once_the_job_trains_past_the_first_step_seen(
+        keys, tmp_path) -> None:
+    from agents.trainer_link import TrainerLink
+
+    job = FakeJob(tmp_path, ["node-1"])
+    ra = await start_agent(keys, name="node-1", gpus=2, interval=0.1)
+    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(ra.spec), key_path=str(keys.operator_key),
+                                           known_hosts=str(keys.known_hosts), db_path=str(tmp_path / "i.db"),
+                                           operator="alice", tick_interval=0.1))
+    store = runtime.plan_store
+    try:
+        await runtime.start()
+        await wait_until(lambda: len(runtime.engine.live_nodes()) == 1, 20, "the node")
+        # The fault comes before the console has seen any trainer: no step is known at the fault.
+        ra.agent.event("xid", "Graphics Engine Exception", severity="warning", gpu=0, code=13)
+        await wait_until(lambda: any(i.playbook == "xid-application" for i in store.incidents()), 10, "the incident")
+        (rec,) = [i for i in store.incidents() if i.playbook == "xid-application"]
+        assert rec.fault_step is None
+        job.up("node-1")
+        ra.agent.trainer = TrainerLink(job.paths["node-1"], interval=0.05)
+        ra.agent.trainer.start()
+        await wait_until(lambda: runtime.job_step() == 40, 20, "the trainer at step 40")
+        seen_at = runtime.store.clock.now()
+
+        async def trains() -> None:
+            while True:
+                await asyncio.sleep(0.2)  # the stand-in job's pace
+                job.step += 1
+
+        stepping = asyncio.create_task(trains())
+        try:
+            # The first step seen after the fault is the one to pass.
+            await wait_until(lambda: store.incident(rec.id).recovered_at is not None, 30, "the job to train past it")
+        finally:
+            stepping.cancel()
+        assert store.incident(rec.id).recovered_at >= seen_at
+    finally:
+        await runtime.stop()
+        job.down("node-1")
+        await stop_agent(ra)

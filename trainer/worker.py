@@ -37,6 +37,7 @@ from trainer.membership import STORE_ENV, Generation
 from trainer.model import ByteGPT, ModelConfig
 from trainer.restore import restore_newest
 from trainer.sampler import BatchSampler, SamplerState, my_slots
+from trainer.simdevice import Leave, SimDevice
 from trainer.state import init_optimizer_state, live_tensors
 from trainer.tiers import SaveOutcome, TieredCheckpointer
 
@@ -112,6 +113,9 @@ class Worker:
         self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
         self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
         self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
+        # Simulated GPUs only: their injected faults hurt this process as real ones would.
+        self.sim = SimDevice.from_env(node, lambda: self.rank,
+                                      _pg_timeout(cfg, membership is not None).total_seconds(), self._exit, backend)
 
     # ----------------------------------------------------------------- reporting
 
@@ -476,6 +480,8 @@ class Worker:
             for p in self.params:
                 p.grad = None
             stats[slot] = loss.item()
+        if self.sim is not None:
+            self.sim.throttle(time.perf_counter() - t0)
         stats[g_count + self.rank] = self.prev_time
         # Each slot is filled by one rank and zero elsewhere, so the sum is exact and
         # the per-slot sum below adds in the same order on any world size.
@@ -517,9 +523,29 @@ class Worker:
                                   "world_size": self.world, "time": time.time()})
         self.prev_time = time.perf_counter() - t0
 
+    def _sim_before_step(self) -> None:
+        """The simulated GPU's fault, where the step's first collective starts; a lost GPU's node may still leave."""
+        assert self.sim is not None
+        try:
+            self.sim.before_step(lambda: any(r.cmd == "leave" for r in self.server.take()))
+        except Leave:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request: its GPU is lost; the others go on without it", self.step)
+            if self.membership is None:
+                os.kill(os.getppid(), signal.SIGTERM)  # as _leave: keeps the rendezvous open for the others
+                time.sleep(30)
+                self._exit(0)
+            assert self.membership is not None
+            self.membership.leave()
+            self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
+            self.membership.close("done")
+            self._exit(0)
+
     def run(self) -> int:
         self.server.start()
         self.deadline.watch()
+        if self.sim is not None:
+            self.sim.at_start()
         if self.membership is None:
             if not self.restore() and self.rank == 0:
                 self.log.info("no checkpoint found: starting at step 0")
@@ -547,6 +573,8 @@ class Worker:
             try:
                 if self.membership is not None:
                     self.membership.at_boundary(self.prev_time)
+                if self.sim is not None:
+                    self._sim_before_step()
                 ctl = self._controls()
                 if self.membership is not None and ctl[_GEN] > self.membership.number:
                     self._change(int(ctl[_GEN]))
@@ -558,6 +586,8 @@ class Worker:
                 if tiers:
                     self.snapshot(tiers)
             except RuntimeError as exc:
+                if self.sim is not None:
+                    self.sim.on_collective_error(exc, seq=self.step + 1)
                 if self.membership is None:
                     raise
                 self._enter(self._wait_after_failure(exc))

@@ -17,9 +17,10 @@ __all__ = ["MESSAGE_CHARS", "detect"]
 # Kernel and driver lines first: a driver line quoted by a trainer is the driver's fault.
 _FAMILIES = (kernel, trainer)
 
-# Most lines match nothing; one alternation rejects them before any specific
-# pattern runs, so a busy log costs one regex search per line.
-_PREFILTER = re.compile("|".join(f"(?:{family.PREFILTER})" for family in _FAMILIES))
+# Most lines match nothing; each family's alternation of plain words rejects them
+# before any specific pattern runs. Searched one family at a time: measured faster
+# than one joined alternation, whose branches no longer start with a plain character.
+_PREFILTERS = tuple(re.compile(family.PREFILTER) for family in _FAMILIES)
 _DETECTORS: tuple[Detector, ...] = tuple(d for family in _FAMILIES for d in family.DETECTORS)
 
 
@@ -30,7 +31,7 @@ def detect(line: str, source: str = "", ts: float = 0.0) -> Event | None:
     ``ts`` is when the line was read. The event's ``seq`` and ``node`` are left
     for the sampler to fill in.
     """
-    if _PREFILTER.search(line) is None:
+    if not any(prefilter.search(line) for prefilter in _PREFILTERS):
         return None
     for detector in _DETECTORS:
         event = detector(line, source, ts)

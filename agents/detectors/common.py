@@ -12,7 +12,8 @@ MESSAGE_CHARS = 300
 # One detector: (line, source, ts) -> the event the line reports, or None.
 Detector = Callable[[str, str, float], Event | None]
 
-_RANK = re.compile(r"\[(?:Rank|rank) ?(\d+)\]|\brank[ =:](\d+)")
+# "[rank3]:", "[Rank 3]", "[PG 1 Rank 3]", "[PG ID 0 PG GUID 0(default_pg) Rank 3]", "rank=3", "Rank 3 Skipping".
+_RANK = re.compile(r"\[(?:[^\]\[]*\s)?[Rr]ank ?(\d+)\]|\b[Rr]ank[ =:](\d+)\b")
 
 
 def make_event(kind: str, severity: str, line: str, source: str, ts: float, **details: str) -> Event:
@@ -28,6 +29,6 @@ def make_event(kind: str, severity: str, line: str, source: str, ts: float, **de
 
 
 def rank_of(line: str) -> str:
-    """The rank a trainer line names (``[Rank 3]``, ``rank=3``), or ``""``."""
+    """The (global) rank a trainer line names (``[Rank 3]``, ``rank=3``), or ``""``; ``local_rank`` is not it."""
     match = _RANK.search(line)
     return (match.group(1) or match.group(2)) if match else ""

@@ -12,7 +12,8 @@ from loguru import logger
 
 from agents.protocol import Event, GpuInfo, GpuSample, Text
 from agents.sources import FaultNotSupported, GpuSource
-from agents.sources.xid import pci_key, xid_meaning, xid_severity
+from agents.sources.gpm import GpmReader
+from agents.sources.xid import pci_key, xid_meaning, xid_resolution, xid_severity
 
 # NVML's "blank" values: the field exists but has no reading (nvitop's N/A).
 _BLANK = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, -1}
@@ -78,6 +79,7 @@ class _Device:
         self.ticks = 0
         self.nvlink_errors: int | None = None
         self.info = GpuInfo(index=index, uuid=Text(""), name=Text(""))
+        self.gpm: GpmReader | None = None  # None: no GPM (before Hopper), profiling fields N/A
 
 
 class NvmlSource(GpuSource):
@@ -96,6 +98,7 @@ class NvmlSource(GpuSource):
         self._nv = nvml
         self._clock = clock
         self._events: list[Event] = []
+        self._driver = _driver_version(nvml)
         self._devices = [_Device(i, self._handle(i)) for i in range(nvml.nvmlDeviceGetCount())]
         self._by_handle = {_handle_key(d.handle): d for d in self._devices if d.handle is not None}
         for dev in self._devices:
@@ -150,6 +153,7 @@ class NvmlSource(GpuSource):
                 pci_bus_id=Text(pci_key(_text(pci.busId))) if pci is not None else None,
                 memory_total_mb=mem.total / _MIB if mem is not None else None,
                 serial=Text(_text(s)) if (s := self._call(dev, "nvmlDeviceGetSerial")) else None,
+                driver=Text(self._driver) if self._driver else None,
             )
             # Links that are down or absent stay out of the per-tick error sum.
             for link in range(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -159,6 +163,10 @@ class NvmlSource(GpuSource):
                 if state:
                     dev.nvlinks.append(link)
             dev.unsupported = {k for k in dev.unsupported if not k.startswith("nvmlDeviceGetNvLinkState")}
+            try:
+                dev.gpm = GpmReader.open(self._nv, dev.handle, dev.nvlinks)
+            except self._nv.NVMLError_GpuIsLost:
+                raise _Lost from None
         except _Lost:
             self._mark_lost(dev)
 
@@ -190,7 +198,13 @@ class NvmlSource(GpuSource):
         if (u := call(dev, "nvmlDeviceGetUtilizationRates")) is not None:
             s.util, s.mem_util = _num(u.gpu), _num(u.memory)
         # nvidia-smi: memory.used, memory.total (bytes -> MiB)
-        if (m := call(dev, "nvmlDeviceGetMemoryInfo")) is not None:
+        # nvidia-smi: memory.reserved needs the v2 struct; drivers without it answer v1
+        m = call(dev, "nvmlDeviceGetMemoryInfo", nv.nvmlMemory_v2) if hasattr(nv, "nvmlMemory_v2") else None
+        if m is not None:
+            s.mem_reserved_mb = _num(m.reserved, _MIB)
+        else:
+            m = call(dev, "nvmlDeviceGetMemoryInfo")
+        if m is not None:
             s.mem_used_mb = _num(m.used, _MIB)
             s.mem_total_mb = _num(m.total, _MIB)
         # nvidia-smi: temperature.gpu
@@ -219,6 +233,7 @@ class NvmlSource(GpuSource):
             s.retired_pages = len(sbe_pages or []) + len(dbe_pages or [])
         if (rows := call(dev, "nvmlDeviceGetRemappedRows")) is not None:
             s.remapped_rows_pending, s.remapped_rows_failed = bool(rows[2]), bool(rows[3])
+            s.remapped_rows_correctable, s.remapped_rows_uncorrectable = int(rows[0]), int(rows[1])
         # nvidia-smi -q -d PERFORMANCE: clocks event (throttle) reasons
         mask = call(dev, "nvmlDeviceGetCurrentClocksEventReasons")
         if mask is None:
@@ -236,10 +251,47 @@ class NvmlSource(GpuSource):
             dev.nvlink_errors = total if seen else None
         s.nvlink_errors = dev.nvlink_errors
         dev.ticks += 1
+        self._read_more(dev, s)
         # nvidia-smi --query-compute-apps
         if (procs := call(dev, "nvmlDeviceGetComputeRunningProcesses")) is not None:
             s.procs = len(procs)
         return s
+
+    def _read_more(self, dev: _Device, s: GpuSample) -> None:
+        """The rest of dcgm-exporter's default fields, and the GPM profiling fields."""
+        nv, call = self._nv, self._call
+        # nvidia-smi: encoder.stats / utilization.encoder, utilization.decoder
+        if (enc := call(dev, "nvmlDeviceGetEncoderUtilization")) is not None:
+            s.enc_util = _num(enc[0])
+        if (dec := call(dev, "nvmlDeviceGetDecoderUtilization")) is not None:
+            s.dec_util = _num(dec[0])
+        # nvidia-smi -q -d TEMPERATURE: memory (HBM) temperature; NVLink raw bytes (KiB) per active link
+        wanted = [getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", 82)]
+        for link in dev.nvlinks:
+            wanted += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, link), (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, link)]
+        if (values := call(dev, "nvmlDeviceGetFieldValues", wanted)) is not None:
+            read = [_field_value(v) for v in values]
+            s.mem_temp_c = read[0]
+            links = [v for v in read[1:] if v is not None]
+            s.nvlink_bytes = sum(links) * 1024 if links else None
+        # dcgm reports 0 unless the GPU is a vGPU guest, where it says whether it holds a license
+        mode = call(dev, "nvmlDeviceGetVirtualizationMode")
+        if mode is not None:
+            s.vgpu_license_status = 0
+            if mode == getattr(nv, "NVML_GPU_VIRTUALIZATION_MODE_VGPU", 2):
+                grid = call(dev, "nvmlDeviceGetGridLicensableFeatures")
+                features = grid.gridLicensableFeatures[: grid.licensableFeaturesCount] if grid is not None else []
+                s.vgpu_license_status = int(any(f.featureState for f in features))
+        # nvidia-smi has no equivalent: dcgmi dmon -e 1001,1002,1003,1004,1005,1009,1010,1011,1012
+        if dev.gpm is not None:
+            try:
+                gpm = dev.gpm.read()
+            except nv.NVMLError_GpuIsLost:
+                raise _Lost from None
+            if gpm is not None:
+                for attr, value in gpm.values.items():
+                    setattr(s, attr, value)
+                s.nvlink_link_tx_bps, s.nvlink_link_rx_bps = gpm.link_tx_bps, gpm.link_rx_bps
 
     def _mark_lost(self, dev: _Device) -> None:
         if dev.lost:
@@ -323,6 +375,7 @@ class NvmlSource(GpuSource):
             source=Text("nvml"),
             ts=self._clock(),
             details=details,
+            resolution=Text(xid_resolution(code) if code is not None else ""),
         )
 
     # ------------------------------------------------------------------ the rest
@@ -335,6 +388,9 @@ class NvmlSource(GpuSource):
 
     def close(self) -> None:
         nv = self._nv
+        for dev in self._devices:
+            if dev.gpm is not None:
+                dev.gpm.close()
         try:
             if self._event_set is not None:
                 nv.nvmlEventSetFree(self._event_set)
@@ -347,6 +403,23 @@ def _num(value: Any, scale: float = 1) -> float | None:
     if value is None or (isinstance(value, int) and value in _BLANK):
         return None
     return value / scale if scale != 1 else float(value)
+
+
+def _field_value(value: Any) -> float | None:
+    """One ``c_nvmlFieldValue_t`` as a number; ``None`` where its own return code is an error."""
+    if value.nvmlReturn != 0:
+        return None
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(value.valueType)
+    return None if member is None else _num(getattr(value.value, member))
+
+
+def _driver_version(nv: ModuleType) -> str | None:
+    """``nvmlSystemGetDriverVersion`` (the ``nvidia-smi`` header's "Driver Version")."""
+    try:
+        return _text(nv.nvmlSystemGetDriverVersion())
+    except nv.NVMLError as exc:
+        logger.debug("driver version unavailable: {}", exc)
+        return None
 
 
 def _nvlink_counters(nv: ModuleType) -> tuple[int, ...]:

@@ -12,10 +12,12 @@ from loguru import logger
 
 from agents.protocol import Event, GpuInfo, GpuSample, Text
 from agents.sources import GpuSource
-from agents.sources.xid import xid_meaning, xid_severity
+from agents.sources.xid import xid_meaning, xid_resolution, xid_severity
 
 MODEL = "NVIDIA H100 80GB HBM3"
 MEMORY_TOTAL_MB = 81559.0
+MEMORY_RESERVED_MB = 502.0  # what the driver keeps back on an 80 GB H100 (approximate, written by us)
+NVLINKS = 18  # NVLink 4 links of an H100 SXM
 # Bus ids of the eight GPUs of a common HGX H100 board, so simulated nodes look familiar.
 _BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 FAULT_KINDS = ("xid", "ecc-dbe", "thermal", "fell-off-bus", "hang")
@@ -35,6 +37,7 @@ class _Gpu:
     hang_ticks: int | None = None  # ticks since a hang was injected
     hang_power: float = 0.0
     dip: int = 0  # ticks left in a utilization dip (data loader, eval, checkpoint)
+    nvlink_bytes: float = 0.0  # NVLink tx+rx since start, as DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counts
     events: list[Event] = field(default_factory=list)
 
 
@@ -122,6 +125,13 @@ class SimulatedGpus(GpuSource):
             throttle = [Text("hw_thermal"), Text("sw_thermal")]
         g.energy_j += power * dt
         mem_used = 70_000.0 + noise[5] * 2_000.0
+        # Profiling (GPM) fields follow the load, from the same draws: a hung GPU spins in a
+        # collective (SMs busy, tensor pipes and NVLink idle); a throttled one moves less data.
+        hung = g.hang_ticks is not None
+        sm_active = round(util / 100.0 * (0.80 + noise[1] * 0.08), 3)
+        link_bps = 0.0 if hung else round(util / 100.0 * sm_clock / 1980.0 * (14e9 + noise[3] * 4e9), -3)
+        links: list[float | None] = [link_bps] * NVLINKS
+        g.nvlink_bytes += 2 * link_bps * NVLINKS * dt
         return GpuSample(
             index=g.index,
             util=float(util),
@@ -144,6 +154,25 @@ class SimulatedGpus(GpuSource):
             throttle=throttle,
             nvlink_errors=0,
             procs=1,
+            mem_temp_c=round(temp + 2.0 + noise[5] * 2.0, 1),
+            enc_util=0.0,
+            dec_util=0.0,
+            mem_reserved_mb=MEMORY_RESERVED_MB,
+            remapped_rows_correctable=0,
+            remapped_rows_uncorrectable=0,
+            nvlink_bytes=round(g.nvlink_bytes),
+            vgpu_license_status=0,
+            gr_engine_active=round(util / 100.0, 3),
+            sm_active=sm_active,
+            sm_occupancy=round(sm_active * (0.40 + noise[4] * 0.1), 3),
+            tensor_active=0.0 if hung else round(sm_active * (0.55 + noise[2] * 0.1), 3),
+            dram_active=round(util * 0.45 / 100.0 + noise[1] * 0.05, 3),
+            pcie_tx_bps=round(20_000.0 + noise[3] * 30_000.0) * 1000.0,
+            pcie_rx_bps=round(40_000.0 + noise[2] * 60_000.0) * 1000.0,
+            nvlink_tx_bps=link_bps * NVLINKS,
+            nvlink_rx_bps=link_bps * NVLINKS,
+            nvlink_link_tx_bps=list(links),
+            nvlink_link_rx_bps=list(links),
             state=Text("hung" if g.hang_ticks is not None and g.hang_ticks >= HANG_TICKS else "ok"),
         )
 
@@ -157,6 +186,7 @@ class SimulatedGpus(GpuSource):
             source=Text("sim"),
             ts=self._now(),
             details={"pci_bus_id": g.info.pci_bus_id or Text(""), "uuid": g.info.uuid},
+            resolution=Text(xid_resolution(code) if kind == "xid" and code is not None else ""),
         )
 
     def poll_events(self) -> list[Event]:
@@ -219,6 +249,16 @@ class SimulatedGpus(GpuSource):
         for g in self._gpus:
             g.ecc_dbe, g.remap_pending, g.thermal, g.lost, g.hang_ticks = 0, False, False, False, None
             g.events.clear()
+
+    def reset(self, index: int) -> str:
+        """``nvidia-smi --gpu-reset -i INDEX`` on a simulated GPU: its faults are gone, its counters start again."""
+        if not 0 <= index < len(self._gpus):
+            raise ValueError(f"no GPU {index} on this node (it has {len(self._gpus)})")
+        g = self._gpus[index]
+        g.ecc_dbe, g.remap_pending, g.thermal, g.lost, g.hang_ticks = 0, False, False, False, None
+        g.events.clear()
+        logger.info("simulated GPU {} reset", index)
+        return f"GPU {index} reset"
 
     def close(self) -> None:
         return None

@@ -116,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     trust.set_defaults(func=_keys_trust)
     keys.set_defaults(func=lambda a: (keys.print_help(), EXIT_ERROR)[1])
 
+    from console.cli.node import register as register_node
+
+    register_node(sub)  # node return|isolate: through the running console's control socket
+
 
 def _keys_init(args: argparse.Namespace) -> int:
     from agents.keys import init_keys

@@ -12,11 +12,11 @@ from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from playbooks.model import SCHEDULERS
 
 if TYPE_CHECKING:  # imported when a demo starts, so that --help stays light
-    from console.demo.session import DemoOptions
+    from console.demo.session import DemoOptions, DemoSession
 
 # The agent's fault kinds (agents.actions.FAULT_KINDS), listed here so --help needs no agent import.
 FAULT_KINDS = ("xid", "ecc-dbe", "thermal", "fell-off-bus", "hang", "trainer-hang", "trainer-crash", "agent-kill",
-               "net-cut")
+               "net-cut", "ib-flap", "ib-down", "ib-errors")
 
 
 def _positive(text: str) -> float:
@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "CPUs the workers share, where every rank looks slow now and then")
     demo.add_argument("--scheduler", choices=SCHEDULERS, default="none",
                       help="what a playbook's drain_node step tells (default none: the step is skipped)")
+    demo.add_argument("--alertmanager", metavar="URL",
+                      help="page through Alertmanager: every notify step also posts there")
     demo.add_argument("--watch-only", action="store_true",
                       help="playbooks make incidents but send no step that acts (isolate, restart, ...): a baseline")
     demo.set_defaults(func=_demo)
@@ -73,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fault.add_argument("target", metavar="TARGET", help="demo node name or HOST:PORT")
     fault.add_argument("kind", metavar="KIND", choices=FAULT_KINDS, help=f"one of: {', '.join(FAULT_KINDS)}")
     fault.add_argument("--code", type=int, help="the XID code, for KIND xid (e.g. 79, 13)")
-    fault.add_argument("--gpu", type=int, default=0, help="which GPU (default 0)")
+    fault.add_argument("--gpu", type=int, default=0, help="which GPU (for ib-* kinds: which HCA, mlx5_N; default 0)")
     fault.add_argument("--key", metavar="PATH", help="operator key (HOST:PORT targets)")
     fault.add_argument("--known-hosts", metavar="PATH", help="known_hosts pinning the agent (HOST:PORT targets)")
     fault.add_argument("--dir", metavar="DIR", help="the demo's directory (default: the newest running demo)")
@@ -94,11 +96,19 @@ def _demo(args: argparse.Namespace) -> int:
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
         skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only, scheduler=args.scheduler,
     )
+    if args.alertmanager:
+        from playbooks.notify import check_alertmanager_url
+
+        try:
+            args.alertmanager = check_alertmanager_url(args.alertmanager)
+        except ValueError as exc:
+            print(f"gridwatch demo: --alertmanager: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     _quiet_logs(args.dir)
     try:
         if args.headless:
-            return asyncio.run(_headless(options, args.duration or 60.0, args.json))
-        return asyncio.run(_with_console(options, args.duration))
+            return asyncio.run(_headless(options, args.duration or 60.0, args.json, args.alertmanager))
+        return asyncio.run(_with_console(options, args.duration, args.alertmanager))
     except KeyboardInterrupt:
         return 130
 
@@ -131,7 +141,15 @@ def _cancel_on_sigterm() -> None:
             pass
 
 
-async def _headless(options: DemoOptions, duration: float, as_json: bool) -> int:
+def _page(session: DemoSession, alertmanager: str | None) -> None:
+    """With ``--alertmanager``: the demo's notify steps fire alerts there too, as a console's do."""
+    if alertmanager and session.runtime is not None:
+        from console.runtime.core import page_through_alertmanager
+
+        page_through_alertmanager(session.runtime, alertmanager)
+
+
+async def _headless(options: DemoOptions, duration: float, as_json: bool, alertmanager: str | None = None) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
     from console.demo.summary import render
@@ -141,6 +159,7 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool) -> int
     summary = None
     try:
         await session.start()
+        _page(session, alertmanager)
         await session.attach()
         await session.wait_connected()
         _say(f"demo: running headless for {duration:g} s (Ctrl-C stops it)")
@@ -163,7 +182,7 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool) -> int
     return EXIT_OK
 
 
-async def _with_console(options: DemoOptions, duration: float | None) -> int:
+async def _with_console(options: DemoOptions, duration: float | None, alertmanager: str | None = None) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
 
@@ -183,6 +202,7 @@ async def _with_console(options: DemoOptions, duration: float | None) -> int:
     session = DemoSession(options, say=say)
     try:
         await session.start()
+        _page(session, alertmanager)
         session.say = lines.append  # the screen owns the terminal from here on
         assert session.runtime is not None
         # The screen starts and stops the session's runtime, as `gridwatch console` does its own.

@@ -25,6 +25,7 @@ cluster.toml (paths are relative to the file):
   operator = "alice"                  # optional: who you are in the audit log (default: your login)
   connect_timeout = 5.0               # optional: seconds to reach an agent before trying again
   etcd = ["http://10.0.0.1:2379"]     # reserved: which of several consoles acts (not used yet)
+  alertmanager = "http://am:9093"     # optional: notify steps page through Alertmanager too
 An unknown key or a wrong type is one line naming the file and the key; exit 2.
 
 keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME)
@@ -50,6 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--scheduler", choices=SCHEDULERS,
                     help="what a playbook's drain_node step tells (default: cluster.toml's, else none)")
     ap.add_argument("--duration", type=float, metavar="S", help="headless: stop after S seconds")
+    ap.add_argument("--control-socket", metavar="PATH",
+                    help="headless: where `gridwatch node return|isolate` reaches this console (default: beside the db)")
+    ap.add_argument("--alertmanager", metavar="URL",
+                    help="page through Alertmanager: every notify step also posts there (default: cluster.toml's)")
     ap.set_defaults(func=_console)
 
 
@@ -70,13 +75,22 @@ def _console(args: argparse.Namespace) -> int:
             overrides["operator"] = args.operator
         if args.scheduler:
             overrides["scheduler"] = args.scheduler
+        if args.alertmanager:
+            from playbooks.notify import check_alertmanager_url
+
+            try:
+                overrides["alertmanager"] = check_alertmanager_url(args.alertmanager)
+            except ValueError as exc:
+                raise ValueError(f"--alertmanager: {exc}") from None
         runtime = build_runtime(RuntimeOptions.from_cluster(config, **overrides))
     except (ValueError, OSError) as exc:
         print(f"gridwatch console: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if args.headless:
         try:
-            return asyncio.run(_headless(runtime, args.duration))
+            from console.runtime.control import socket_for
+
+            return asyncio.run(_headless(runtime, args.duration, args.control_socket or socket_for(db)))
         except RuntimeError as exc:
             print(f"gridwatch console: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -96,7 +110,7 @@ def _console(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a ConsoleRuntime
+async def _headless(runtime, duration: float | None, control: str | None = None) -> int:  # noqa: ANN001
     """Print link changes, new incidents and recoveries as they happen; a summary line when the count
     changes, or each minute. The runtime ticks its engine itself, as under the screen."""
     from agents.protocol import clean_text
@@ -117,6 +131,18 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
     print(clean_text(f"console: {node_count} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
                      + (", read-only" if runtime.read_only_flag else "")), flush=True)
     await runtime.start()
+    from console.runtime.control import ControlError, ControlServer
+
+    server = ControlServer(runtime, control) if control else None
+    if server is not None:
+        try:
+            await server.start()
+        except ControlError as exc:
+            print(f"gridwatch console: {exc}", file=sys.stderr, flush=True)
+            await runtime.stop()
+            return EXIT_ERROR
+        # An operator returns a node to service (audited, the scheduler told) with `gridwatch node return`.
+        print(clean_text(f"control socket at {control}"), flush=True)
     store = runtime.store
     alert: str | None = None
     stop = asyncio.Event()
@@ -125,6 +151,7 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     links: dict[str, str] = {}
     seen_incidents: set[str] = set()
+    trainers = (0, False)  # nodes reporting a trainer, and whether it had a step, as last said
     loop = asyncio.get_running_loop()
     started = loop.time()
     last_summary = 0.0
@@ -148,6 +175,15 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
                         seen_incidents.add(row.id)
                         print(clean_text(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]"),
                               flush=True)
+            # The job as the console sees it, when the count of nodes reporting a trainer changes (a node
+            # out, a node back): not each step, which the trainer's own metrics keep.
+            job = store.training()
+            step = job.status.step if job is not None else None
+            reporting = (job.nodes_reporting if job is not None else 0, step is not None)
+            if reporting != trainers:
+                trainers = reporting
+                print(f"training: {reporting[0]} of {len(store.nodes)} nodes report a trainer"
+                      + (f", at step {step}" if step is not None else ""), flush=True)
             s = store.summary()
             if (s.connected, s.total) != last_counts or loop.time() - last_summary >= 60:
                 last_summary, last_counts = loop.time(), (s.connected, s.total)
@@ -163,5 +199,7 @@ async def _headless(runtime, duration: float | None) -> int:  # noqa: ANN001 - a
             except TimeoutError:
                 pass
     finally:
+        if server is not None:
+            await server.stop()
         await runtime.stop()
     return EXIT_OK

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from agents.simdevices import SIM_DEVICES_ENV, kernel_log_path, state_path
 from console.demo.processes import Child, spawn, stop_all
 from console.demo.state import DemoNode, DemoState, clear_state, write_state
 
@@ -29,6 +30,8 @@ class ClusterOptions:
     steps: int = 1_000_000  # the demo trains until it is stopped
     trainer_args: list[str] = field(default_factory=list)  # extra flags for `gridwatch train`
     ready_timeout: float = 30.0
+    # Simulated GPU faults reach the trainer (it hangs, crashes, slows) as real ones would; False: readings only.
+    faults_hurt: bool = True
 
 
 class ClusterError(RuntimeError):
@@ -84,6 +87,7 @@ class Cluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress(f"making keys in {self.dir / 'keys'}")
         keys = init_keys(self.dir / "keys", force=True)
+        sim = self._sim_devices()
         nodes: list[DemoNode] = []
         for index, name in enumerate(self.names(), start=1):
             port = free_port()
@@ -99,8 +103,10 @@ class Cluster:
                 "--simulate-gpus", str(o.gpus), "--sim-seed", str(index), "--no-kernel-log",
                 "--interval", f"{o.interval:g}", "--scene-dir", str(self.dir / "scenes" / name),
                 "--trainer-socket", self.socket_for(name), "--log-level", "INFO",
+                # The node's simulated kernel log: the driver's lines for injected faults land here.
+                "--log", str(kernel_log_path(sim, name)),
             )
-            child = spawn(name, argv, self.dir / "logs" / f"{name}.log")
+            child = spawn(name, argv, self.dir / "logs" / f"{name}.log", env=self._env())
             self.agents[name] = child
             nodes.append(DemoNode(name=name, host="127.0.0.1", port=port, pid=child.pid,
                                   trainer_socket=self.socket_for(name)))
@@ -126,10 +132,37 @@ class Cluster:
             return
         o = self.options
         self.progress(f"starting the trainer across {o.nodes} nodes (one worker per node) in {self.run_dir}")
-        env = {k: v for k, v in os.environ.items() if k != "GRIDWATCH_TRAINER_SOCKET"}
+        env = {k: v for k, v in self._env().items() if k != "GRIDWATCH_TRAINER_SOCKET"}
         argv = _gridwatch("train", "--nodes", str(o.nodes), "--steps", str(o.steps), "--run-dir", str(self.run_dir),
                           "--node-names", ",".join(self.names()), *o.trainer_args)
         self.trainer = spawn("trainer", argv, self.dir / "logs" / "trainer.log", env=env)
+
+    @property
+    def sim_dir(self) -> Path:
+        return self.dir / "sim"
+
+    def _sim_devices(self) -> Path:
+        """The private directory where each node's agent tells its trainer what its simulated GPUs suffer."""
+        sim = self.sim_dir
+        sim.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if sim.is_symlink() or sim.stat().st_uid != os.geteuid():
+            raise ClusterError(f"{sim} is not this user's directory; remove it and start again")
+        sim.chmod(0o700)
+        for name in self.names():
+            for path in (state_path(sim, name), kernel_log_path(sim, name)):
+                path.unlink(missing_ok=True)  # a new demo starts healthy
+            fd = os.open(kernel_log_path(sim, name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+        return sim
+
+    def _env(self) -> dict[str, str]:
+        """The demo's environment, plus where simulated device faults are shared (agents and trainer alike)."""
+        env = dict(os.environ)
+        if self.options.faults_hurt:
+            env[SIM_DEVICES_ENV] = str(self.sim_dir.resolve())
+        else:
+            env.pop(SIM_DEVICES_ENV, None)
+        return env
 
     async def _wait_listening(self, nodes: list[DemoNode]) -> None:
         deadline = time.monotonic() + self.options.ready_timeout
@@ -157,7 +190,7 @@ class Cluster:
         child = self.agents.get(name)
         if child is None or child.alive():
             return False
-        self.agents[name] = spawn(name, child.argv, child.log_path)
+        self.agents[name] = spawn(name, child.argv, child.log_path, env=child.env)
         if self.state is not None:
             node = self.state.node(name)
             if node is not None:

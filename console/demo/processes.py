@@ -40,6 +40,7 @@ class Child:
     proc: subprocess.Popen[bytes]
     log_path: Path
     argv: list[str]  # as started, so that a dead one can be started again
+    env: dict[str, str] | None = None  # as started too (None: the demo's own)
 
     @property
     def pid(self) -> int:
@@ -64,7 +65,7 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str] | None
             start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
     logger.bind(node=name).debug("started pid {}: {}", proc.pid, " ".join(argv))
-    return Child(name, proc, log_path, list(argv))
+    return Child(name, proc, log_path, list(argv), env)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -101,7 +101,7 @@ class DemoSession:
         hooks.action.append(self._on_action)
         hooks.frame.append(self._on_frame)
         hooks.link.append(self._on_status)
-        hooks.alert.append(lambda why: self._progress(why or "incident database written again"))
+        hooks.alert.append(lambda why: self._progress(why or "alert cleared"))
         hooks.recovered.append(self._on_recovered)
         self.runtime, self.fleet, self.store, self.engine = runtime, runtime.fleet, runtime.plan_store, runtime.engine
         mode = "active" if self.options.act else "watching only (no step that acts is sent)"

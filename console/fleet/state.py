@@ -8,9 +8,11 @@ series once per tick. Nothing here imports textual.
 from __future__ import annotations
 
 import re
+import time
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from datetime import tzinfo
 from enum import StrEnum
 from typing import Iterable
 
@@ -31,8 +33,8 @@ from agents.protocol import (
     clean_text,
 )
 from agents.protocol import severity_rank as _known_rank
-from playbooks import durations
 from playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
+from console.fleet import logtime
 from console.fleet.hostlist import HostlistError, expand
 from console.fleet.preflight import majority_hash
 
@@ -416,33 +418,56 @@ class QueryError(ValueError):
 
 @dataclass(slots=True)
 class LogQuery:
-    """``node:node[01-04] sev:error since:10m until:2m <regex>`` parsed."""
+    """``node:node[01-04] sev:error since:10m until:2m <regex>`` parsed; since/until may be absolute times too."""
 
     nodes: list[str] | None = None
     min_severity: str | None = None
     since_s: float | None = None  # seconds back from now
     until_s: float | None = None
     pattern: re.Pattern[str] | None = None
+    since_at: float | None = None  # an absolute time (``since:03:10``), seconds since the epoch
+    until_at: float | None = None
 
     @property
     def regex(self) -> str:
         return self.pattern.pattern if self.pattern else ""
 
+    def window(self, now: float) -> tuple[float | None, float | None]:
+        """(since, until) in seconds since the epoch at ``now``; None where the query sets no bound."""
+        since = self.since_at if self.since_at is not None else (
+            now - self.since_s if self.since_s is not None else None)
+        until = self.until_at if self.until_at is not None else (
+            now - self.until_s if self.until_s is not None else None)
+        return since, until
 
-def parse_duration(text: str) -> float:
-    """``500ms``, ``90``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds: the playbooks' grammar, as a QueryError."""
-    try:
-        return durations.parse_duration(text)
-    except ValueError as exc:
-        raise QueryError(str(exc)) from None
+
+_QUERY_TOKEN = re.compile(r'(\w+):"([^"]*)"|\S+')  # key:"a value with spaces", or a word
 
 
-def parse_log_query(text: str) -> LogQuery:
-    """Parse the Logs view's one-line query; raises :class:`QueryError` with a one-line reason."""
+def parse_log_query(text: str, now: float | None = None, zone: tzinfo | None = None) -> LogQuery:
+    """Parse the Logs view's one-line query; raises :class:`QueryError` with a one-line reason.
+
+    ``since``/``until`` take a duration back from now or an absolute time in
+    ``zone`` (default: the console's), read against ``now`` (default: the wall clock).
+    """
     query = LogQuery()
     words: list[str] = []
-    for token in text.split():
+    for found in _QUERY_TOKEN.finditer(text):
+        token = found.group(0)
         key, sep, value = token.partition(":")
+        if found.group(1) is not None:
+            value = found.group(2)
+        if sep and key in ("since", "until"):
+            try:
+                bound = logtime.parse_time(value, time.time() if now is None else now,
+                                           zone or logtime.console_zone())
+            except logtime.TimeError as exc:
+                raise QueryError(f"{key}: {exc}") from None
+            if key == "since":
+                query.since_s, query.since_at = bound.ago_s, bound.at
+            else:
+                query.until_s, query.until_at = bound.ago_s, bound.at
+            continue
         if sep and key in ("node", "nodes"):
             try:
                 query.nodes = expand(value)
@@ -452,12 +477,11 @@ def parse_log_query(text: str) -> LogQuery:
             if value not in SEVERITIES:
                 raise QueryError(f"severity {value!r} is not one of {', '.join(SEVERITIES)}")
             query.min_severity = value
-        elif sep and key == "since":
-            query.since_s = parse_duration(value)
-        elif sep and key == "until":
-            query.until_s = parse_duration(value)
         else:
             words.append(token)
+    since, until = query.window(time.time() if now is None else now)
+    if since is not None and until is not None and until < since:
+        raise QueryError("until is before since: the range holds no time")
     if words:
         try:
             query.pattern = re.compile(" ".join(words), re.IGNORECASE)
@@ -793,8 +817,7 @@ class StateStore:
         now = self.clock.now()
         nodes = set(query.nodes) if query.nodes else None
         min_rank = severity_rank(query.min_severity) if query.min_severity else None
-        since = now - query.since_s if query.since_s is not None else None
-        until = now - query.until_s if query.until_s is not None else None
+        since, until = query.window(now)
         out: list[LogEntry] = []
         for rec in self.events:
             ev = rec.event

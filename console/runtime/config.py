@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from playbooks.model import SCHEDULERS
+from playbooks.notify import check_alertmanager_url
 
 
 class ConfigError(ValueError):
@@ -35,6 +36,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     connect_timeout: float = 5.0  # seconds to reach an agent before trying again
     # Reserved for choosing which of several consoles acts (an etcd lease): accepted and kept, not used yet.
     etcd: list[str] = []
+    alertmanager: str | None = None  # Alertmanager's URL: notify steps page there too
 
     @property
     def node_spec(self) -> str:
@@ -58,6 +60,7 @@ EXPECTED: dict[str, str] = {
     "playbooks": "a path or a list of paths to playbook files or folders",
     "connect_timeout": "a number of seconds above 0",
     "etcd": 'a list of etcd endpoints, e.g. ["http://10.0.0.1:2379"]',
+    "alertmanager": 'an http(s) URL of Alertmanager, e.g. "http://alertmanager:9093"',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
@@ -96,6 +99,11 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
         raise _error(path, "connect_timeout", config.connect_timeout)
     if config.operator is not None and not config.operator.strip():
         raise _error(path, "operator", config.operator)
+    if config.alertmanager is not None:
+        try:
+            config = msgspec.structs.replace(config, alertmanager=check_alertmanager_url(config.alertmanager))
+        except ValueError:
+            raise _error(path, "alertmanager", config.alertmanager) from None
     base = Path(path).parent
 
     def resolve(value: str | None) -> str | None:

@@ -17,7 +17,7 @@ import getpass
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import msgspec
 from loguru import logger
@@ -30,6 +30,7 @@ from playbooks.store import time_to_detect, time_to_recover
 if TYPE_CHECKING:
     from console.runtime.config import ClusterConfig
     from playbooks.engine import Engine
+    from playbooks.notify import Alertmanager
     from playbooks.plans import Incident, Plan
 
 
@@ -266,6 +267,8 @@ class RuntimeHooks:
     link: list[Callable[[Any], None]] = field(default_factory=list)
     alert: list[Callable[[str | None], None]] = field(default_factory=list)
     recovered: list[Callable[[IncidentRow], None]] = field(default_factory=list)
+    resolved: list[Callable[[str], None]] = field(default_factory=list)  # incident id
+    stopping: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # awaited as the runtime stops
 
 
 @dataclass(slots=True)
@@ -274,8 +277,9 @@ class _Recovery:
 
     incident: str
     job: str
-    fault_step: int
-    settled_step: int | None = None  # the job's step once its plan had nothing left to run
+    fault_step: int | None  # None: the console had seen no training step when the fault came
+    settled: bool = False  # its plan has nothing left to run
+    settled_step: int | None = None  # the job's step then (or the first one seen after it)
 
 
 class ConsoleRuntime:
@@ -339,6 +343,7 @@ class ConsoleRuntime:
         # (engine time before, after, the frame's own time) of recent event and log frames.
         self._symptoms: deque[tuple[float, float, float]] = deque(maxlen=_SYMPTOM_MEMORY)
         self._recoveries: dict[str, _Recovery] = {}
+        self.alertmanager: Alertmanager | None = None  # set when paging through Alertmanager is configured
 
     # ------------------------------------------------------------ frames in
 
@@ -454,7 +459,8 @@ class ConsoleRuntime:
             except Exception:  # noqa: BLE001 - the plan still runs; the log says why
                 logger.bind(node=str(incident.node)).exception("cannot record the fault of {}", incident.id)
                 return
-            if step is not None and incident.id not in self._recoveries:
+            # Watched even when no step is known yet: the first step seen later is the one to pass.
+            if incident.id not in self._recoveries:
                 self._recoveries[incident.id] = _Recovery(incident.id, incident.job, step)
 
     def _fault_time(self, incident: Incident) -> float:
@@ -491,23 +497,30 @@ class ConsoleRuntime:
     def _settle(self, incident_id: str) -> None:
         """Its plan has nothing left to run (or waits for an operator): from here the job must train past the fault."""
         watch = self._recoveries.get(incident_id)
-        if watch is None or watch.settled_step is not None:
+        if watch is None or watch.settled:
             return
         if self.executor is not None and not self.read_only and self.plan_store is not None:
             if any(s.state in _UNSETTLED for s in self.plan_store.steps(incident_id)):
                 return
         now_step = self.job_step(watch.job)
+        watch.settled = True
         # Steps reported before a restore can still be in the store: the job must pass those too.
-        watch.settled_step = max(watch.fault_step, now_step if now_step is not None else watch.fault_step)
+        known = [s for s in (watch.fault_step, now_step) if s is not None]
+        watch.settled_step = max(known) if known else None
 
     def _check_recoveries(self) -> None:
         assert self.plan_store is not None
         now = self.store.clock.now()
         for watch in list(self._recoveries.values()):
-            if watch.settled_step is None:
+            if not watch.settled:
                 continue
             step = self.job_step(watch.job)
-            if step is None or step <= watch.settled_step:
+            if step is None:
+                continue
+            if watch.settled_step is None:
+                watch.settled_step = step  # no step was known at the fault: the job must train past this one
+                continue
+            if step <= watch.settled_step:
                 continue
             del self._recoveries[watch.incident]
             try:
@@ -520,7 +533,8 @@ class ConsoleRuntime:
                 continue
             row = StoreIncidents.row(rec)
             logger.bind(node=rec.node).info("incident {} recovered: the job trains at step {} (fault at step {}), "
-                                            "detected in {}, recovered in {}", rec.id, step, watch.fault_step,
+                                            "detected in {}, recovered in {}", rec.id, step,
+                                            "unknown" if watch.fault_step is None else watch.fault_step,
                                             _seconds(row.detect_s), _seconds(row.recover_s))
             for hook in self.hooks.recovered:
                 hook(row)
@@ -625,6 +639,8 @@ class ConsoleRuntime:
             self.engine.resolve(incident_id)
         if self.plan_store is not None:
             self.plan_store.resolve(incident_id, who or self.operator, why)
+        for hook in self.hooks.resolved:
+            hook(incident_id)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -696,6 +712,8 @@ class ConsoleRuntime:
             await self.executor.close()  # pending drain retries stop; they stay pending in the store for the next console
         if self.fleet is not None:
             await self.fleet.stop()
+        for stopping in self.hooks.stopping:
+            await stopping()
         self.retry_store(force=True)  # a last try for records the disk refused
         if getattr(self.plan_store, "held", 0):
             logger.error("{} incident records could not be written before stopping: {}",
@@ -825,6 +843,7 @@ class RuntimeOptions:
     skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
     stop_wait: float = 0.0  # how long running plans may finish when the runtime stops
     etcd: list[str] = field(default_factory=list)  # reserved (which console acts); kept, not used yet
+    alertmanager: str | None = None  # Alertmanager's base URL: every notify also pages there
 
     @classmethod
     def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
@@ -848,7 +867,7 @@ class RuntimeOptions:
         base = cls(endpoints=overrides.pop("endpoints"), key_path=key, known_hosts=known, db_path=config.db,
                    read_only=config.read_only, operator=config.operator or getpass.getuser(),
                    playbook_paths=config.playbook_paths, scheduler=config.scheduler,
-                   connect_timeout=config.connect_timeout, etcd=list(config.etcd))
+                   connect_timeout=config.connect_timeout, etcd=list(config.etcd), alertmanager=config.alertmanager)
         return dataclasses.replace(base, **overrides)
 
 
@@ -864,6 +883,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     from playbooks.executor import Executor
     from playbooks.loader import load_with_builtin
     from playbooks.model import SCHEDULERS
+    from playbooks.notify import DefaultNotifier
     from playbooks.store import IncidentStore, StoreError
 
     if options.scheduler not in SCHEDULERS:
@@ -893,8 +913,10 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
         runtime.set_alert(f"{len(incident_store.bad_rows)} unreadable rows skipped in {db_path} "
                           f"(first: {incident_store.bad_rows[0]})")
     executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store),
-                        scheduler=options.scheduler)
+                        scheduler=options.scheduler, notifier=DefaultNotifier())
     runtime.executor = executor
+    if options.alertmanager:
+        page_through_alertmanager(runtime, options.alertmanager, clock)
     runtime.actor = ExecutorActor(executor, incident_store)
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
                                  connect_timeout=options.connect_timeout, backoff_max=options.backoff_max)
@@ -902,3 +924,32 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     for endpoint in options.endpoints:
         store.set_link(str(endpoint), "connecting")
     return runtime
+
+
+def page_through_alertmanager(runtime: ConsoleRuntime, url: str, clock: Clock | None = None) -> Alertmanager:
+    """Every notify of ``runtime``'s playbooks also fires the incident's alert at ``url``; it resolves with the incident.
+
+    Raises ValueError in one sentence when ``url`` is not an http(s) address.
+    """
+    from playbooks.notify import Alertmanager, DefaultNotifier
+
+    said: list[str] = []
+
+    def trouble(line: str | None) -> None:
+        # Clear only the alert this raised: the incident store's own alert stays.
+        if line is not None or (said and runtime.alert == said[-1]):
+            runtime.set_alert(line)
+        said[:] = [line] if line else []
+
+    try:
+        alerts = Alertmanager(url, clock or runtime.store.clock, on_trouble=trouble)
+    except ValueError as exc:
+        raise ValueError(f"alertmanager: {exc}") from None
+    notifier = getattr(runtime.executor, "notifier", None)
+    if isinstance(notifier, DefaultNotifier):
+        notifier.alertmanager = alerts
+    runtime.hooks.recovered.append(lambda row: alerts.resolve(row.id))
+    runtime.hooks.resolved.append(alerts.resolve)
+    runtime.hooks.stopping.append(alerts.close)
+    runtime.alertmanager = alerts
+    return alerts

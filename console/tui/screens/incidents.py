@@ -1,4 +1,7 @@
-"""Open and recent incidents: timeline with time to detect and to recover, playbook, audit trail; acknowledge, silence, act."""
+"""Open and recent incidents: timeline with time to detect and to recover, playbook, audit trail; acknowledge, silence, act.
+
+``l`` opens the logs of the incident's nodes around its detection, merged by time, the blamed rank's lines marked.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from textual.widgets import Static
 from console.runtime.core import IncidentRow
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.confirm import ConfirmScreen, Confirmed
+from console.tui.screens.logs import Highlight, LogsScreen, LogWindow, ranks_named
 from console.tui.screens.node import SEVERITY_STYLES
 from console.tui.widgets import Column, PlainStatic, TextTable, format_age
 from console.tui.widgets.text_table import Cell
@@ -27,6 +31,8 @@ INCIDENT_COLUMNS = [
     Column("ttr", "TTR", 7, "right"),
     Column("age", "AGE", 6, "right"),
 ]
+# The logs key shows this long before the incident's fault (or detection) to this long after its detection.
+INCIDENT_LOG_WINDOW_S = 300.0
 STATE_STYLES = {"open": Style(color="red", bold=True), "acknowledged": Style(color="yellow"),
                 "silenced": Style(color="grey50"), "resolved": Style(color="green")}
 
@@ -105,6 +111,7 @@ class IncidentsScreen(ViewScreen):
         Binding("a", "acknowledge", "Acknowledge"),
         Binding("s", "silence", "Silence"),
         Binding("x", "act", "Act (run plan)"),
+        Binding("l", "logs", "Logs around it"),
     ]
 
     def __init__(self) -> None:
@@ -144,6 +151,22 @@ class IncidentsScreen(ViewScreen):
     def _selected(self) -> IncidentRow | None:
         key = self.query_one("#incident-table", TextTable).cursor_key
         return self.rows.get(key) if key else None
+
+    def log_window(self, row: IncidentRow) -> LogWindow:
+        """The reporters' and the blamed node's logs from a few minutes before the incident to a few after."""
+        stored = getattr(self.runtime.plan_store, "stored_incident", None)
+        incident = stored(row.id) if stored is not None else None
+        nodes = list(dict.fromkeys([row.node, *(incident.reporters if incident is not None else [])]))
+        summary = incident.summary if incident is not None and incident.summary else row.title
+        start = min(t for t in (row.fault_at, row.detected_at) if t is not None)
+        return LogWindow(f"incident {row.id}", nodes, start - INCIDENT_LOG_WINDOW_S,
+                         row.detected_at + INCIDENT_LOG_WINDOW_S,
+                         Highlight(frozenset(ranks_named(summary)), frozenset([row.node])))
+
+    def action_logs(self) -> None:
+        row = self._selected()
+        if row is not None:
+            self.app.push_screen(LogsScreen(self.log_window(row)))
 
     def action_acknowledge(self) -> None:
         row = self._selected()

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from agents.protocol import IbPortSample
 from console.fleet.state import (
     GPU_MEM,
     GPU_POWER,
@@ -137,6 +138,29 @@ def host_text(node: NodeState) -> Text:
         text.append(f"agent   cpu {cpu_s}  rss {rss}  tick {tick}  clients {agent.clients}")
         if agent.dropped_frames:
             text.append(f"  dropped {agent.dropped_frames}", style="bold red")
+    if host is not None and host.ib:
+        text.append("\n")
+        text.append_text(ib_text(host.ib))
+    return text
+
+
+def ib_text(ports: list[IbPortSample]) -> Text:
+    """The InfiniBand table: one line per HCA port (state, rate, traffic, non-zero error counters, growth)."""
+    text = Text()
+    text.append("InfiniBand\n", style="bold")
+    text.append(f"{'PORT':<12}{'STATE':<8}{'RATE':>5} {'LINK':<4} {'RX/TX B/s':<13} ERRORS (+NEW)\n", style="bold")
+    for port in ports:
+        up = port.state == "ACTIVE"
+        rate = "N/A" if port.rate_gbps is None else f"{port.rate_gbps:g}G"
+        layer = {"InfiniBand": "IB", "Ethernet": "RoCE"}.get(str(port.link_layer), str(port.link_layer or "N/A"))
+        traffic = f"{format_rate(port.rx_bps)}/{format_rate(port.tx_bps)}"
+        text.append(f"{str(port.device) + '/' + str(port.port):<12}")
+        text.append(f"{str(port.state or 'N/A'):<8}", style=_GOOD if up else _BAD)
+        text.append(f"{rate:>5} {layer:<4} {traffic:<13} ")
+        errors = [f"{name} {value}" + (f" (+{port.deltas[name]})" if name in port.deltas else "")
+                  for name, value in port.errors.items()]
+        text.append(", ".join(errors) or "-", style=_BAD if port.deltas else (Style(color="yellow") if errors else None))
+        text.append("\n")
     return text
 
 
