@@ -89,7 +89,7 @@ async def test_l_opens_the_incidents_nodes_around_its_detection_with_the_blamed_
             await wait_for(pilot, lambda: [n.link for n in runtime.store.nodes.values()] == ["connected"] * 3, 20)
             app.show_view("incidents")
             await wait_for(pilot, lambda: shown(app, IncidentsScreen))
-            assert "Logs around it" in screen_text(app)  # the key is in the footer
+            await wait_for(pilot, lambda: "Logs around it" in screen_text(app))  # the key is in the footer
             await pilot.press("l")
             await wait_for(pilot, lambda: shown(app, LogsScreen))
             table = app.screen.query_one("#logs-table", TextTable)
