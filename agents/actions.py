@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agents import protocol as p
 from agents import simdevices as sd
 from agents.agent import Agent, Caller
+from agents.fencing import Handler, guarded
 from agents.sources import infiniband as ib
 from trainer.control import pid_alive
 
@@ -242,17 +246,63 @@ def _write_scene(agent: Agent, where: Path) -> list[str]:
         lines = agent.tailer.entries()[-5000:]
         _write_private(where / "logs.txt", "".join(f"{ts:.3f} {src}: {line}\n" for src, line, ts in lines).encode())
         files.append("logs.txt")
-    status = agent.trainer.status if agent.trainer is not None else None
-    if status is not None:
+    link = agent.trainer
+    status = link.status if link is not None else None
+    if link is not None and status is not None:
         _write_private(where / "trainer.json", p.encode(p.Sample(trainer=status)))
         files.append("trainer.json")
         if status.pid and pid_alive(status.pid):
             _write_private(where / "stacks.txt", _process_stacks(status.pid).encode())
             files.append("stacks.txt")
+            _write_private(where / "pystacks.txt", python_stacks(int(status.pid), link.socket_path).encode())
+            files.append("pystacks.txt")
+        record, _ = asyncio.run(link.collectives(viewer=False))
+        if record is not None:
+            _write_private(where / "collectives.json", msgspec.json.encode(record, enc_hook=p.text_enc_hook))
+            files.append("collectives.json")
     meta = json.dumps({"node": str(agent.node), "seq": agent.ring.last_seq, "isolated": agent.isolated})
     _write_private(where / "meta.json", meta.encode())
     files.append("meta.json")
     return files
+
+
+PY_SPY_TIMEOUT_S = 10.0
+
+
+def python_stacks(pid: int, trainer_socket: str) -> str:
+    """Every thread's Python stack of ``pid``: ``py-spy dump`` (works on a frozen process), else the trainer's own dump.
+
+    Fixed argv, no shell, a timeout that kills it; where py-spy is missing or may
+    not trace (ptrace), the first line says so and the trainer's control thread's
+    dump follows (which a frozen trainer cannot give).
+    """
+    import subprocess
+    import sys
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    why = ""
+    if os.access(spy, os.X_OK):
+        argv = [spy, "dump", "--pid", str(int(pid))]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=PY_SPY_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            why = f"py-spy dump --pid {pid} took over {PY_SPY_TIMEOUT_S:g} s and was killed"
+        except OSError as exc:
+            why = f"py-spy could not start: {exc.strerror or exc}"
+        else:
+            if done.returncode == 0:
+                return f"# py-spy dump --pid {pid}\n" + done.stdout.decode(errors="replace")
+            err = p.clean_text(done.stderr.decode(errors="replace").strip().splitlines()[0] if done.stderr.strip() else "", 200)
+            why = f"py-spy may not trace pid {pid} (ptrace not permitted?): {err or 'exit ' + str(done.returncode)}"
+    else:
+        why = "py-spy is not installed (pip install py-spy)"
+    from trainer.control import TrainerUnavailable, read_stacks
+
+    try:
+        lines = asyncio.run(read_stacks(trainer_socket))
+    except TrainerUnavailable as exc:
+        return f"# {why}; the trainer's own dump is unavailable too: {exc}\n"
+    return f"# {why}; the trainer's own dump (its control thread):\n" + "\n".join(lines) + "\n"
 
 
 def _process_stacks(pid: int) -> str:
@@ -267,6 +317,21 @@ def _process_stacks(pid: int) -> str:
                 parts.append(f"  {name}: unreadable ({exc.strerror})")
         out.append("\n".join(parts))
     return "\n\n".join(out) + "\n"
+
+
+async def dump_collectives(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
+    """The local trainer's collective record (which collective each rank is in): what blame is judged on."""
+    if agent.trainer is None:
+        return _unchanged(action, False, "dump_collectives: no trainer is attached to this node")
+    try:
+        asked = _int_arg(dict(action.args), "limit")
+    except ValueError as exc:
+        return _unchanged(action, False, f"dump_collectives: {exc}")
+    record, why = await agent.trainer.collectives(viewer=caller.role != "operator", limit=asked)
+    if record is None:
+        return _unchanged(action, False, f"dump_collectives: {why}")
+    return _unchanged(action, True, f"{len(record.entries)} collectives of pid {record.pid}",
+                      record=msgspec.to_builtins(record, enc_hook=p.text_enc_hook))
 
 
 async def preflight(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
@@ -331,7 +396,7 @@ async def reset_gpu(agent: Agent, caller: Caller, action: p.Action) -> p.ActionR
     return _result(action, True, f"GPU {index} reset and reads healthy: {said}", gpu=index, argv=argv)
 
 
-HANDLERS = {
+HANDLERS: dict[str, Handler] = {
     "ping": ping,
     "inject_fault": inject_fault,
     "clear_faults": clear_faults,
@@ -339,6 +404,9 @@ HANDLERS = {
     "isolate": isolate,
     "unisolate": unisolate,
     "capture_scene": capture_scene,
+    "dump_collectives": dump_collectives,
     "preflight": preflight,
     **{name: trainer_control for name in TRAINER_CONTROLS},
 }
+# Every action that changes something checks the sender's fencing token and its step key first (agents/fencing.py).
+HANDLERS.update({name: guarded(handler) for name, handler in HANDLERS.items() if name not in p.VIEWER_ACTIONS})

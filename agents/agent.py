@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import psutil
 from loguru import logger
 
@@ -30,6 +31,7 @@ from agents.logs import LogEntry
 from agents.sources import GuardedSource, Outcome
 from agents.sources.infiniband import IbReading, IbSource
 from agents.sources.logs import LogsSource
+from agents.watch import Watcher, watch_text
 
 if TYPE_CHECKING:  # for the annotations only: the runner builds these and hands them in
     from agents.logs import LogTailer
@@ -75,6 +77,12 @@ class ClientStream:
     cursor: int = 0
     subscribed: bool = False
     logs: bool = False
+    mode: p.StreamMode = p.StreamMode.FULL
+    every: float = 0.0  # summary mode: seconds between summaries (0: every sample)
+    last_sent: int = 0  # seq of the last stream frame written to it
+    sent: int = 0  # stream frames written (summaries, samples, events, gaps)
+    folded: int = 0  # samples folded into a later summary on purpose (``every``)
+    since_summary: float | None = None  # agent time of the last summary written
     replies: deque[bytes] = field(default_factory=deque)
     dropped: int = 0
     queued_bytes: int = 0  # the size of ``replies``
@@ -144,6 +152,10 @@ class Agent:
         self.boot_id = uuid.uuid4().hex
         self.ring = FrameRing(config.ring_frames)
         self.clients: set[ClientStream] = set()
+        self.watcher = Watcher()
+        # seq -> the summary of the sample with that seq, for subscribers in summary mode; as deep as the ring.
+        self._summaries: dict[int, p.Summary] = {}
+        self._summary_seqs: deque[int] = deque()
         self.isolated = self._load_isolated()
         self.net_cut = False  # injected fault: the agent stays up but says nothing
         self.dropped_frames = 0  # frames evicted from the ring before a client read them, each counted once
@@ -335,8 +347,12 @@ class Agent:
         patrol_failing = None
         if self.patrol is not None and getattr(self.patrol, "last", None) is not None:
             patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]
-        self.publish(p.Sample(gpus=gpu_samples, host=host, agent=stats, trainer=trainer_status, isolated=self.isolated,
-                              patrol_failing=patrol_failing))
+        sample = p.Sample(gpus=[_for_the_wire(g) for g in gpu_samples], host=host, agent=stats,
+                          trainer=trainer_status, isolated=self.isolated, patrol_failing=patrol_failing)
+        self.publish(sample)
+        self._keep_summary(p.summarize(sample))
+        if self.watcher:
+            self._report_watches(gpu_samples, sample.ts)
         for ev in events:
             self.publish(ev)
             if self.metrics is not None:
@@ -345,6 +361,27 @@ class Agent:
             self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)
             self.metrics.record_sources([g.health() for g in guards])
         self._tick_ms = (time.perf_counter() - t0) * 1000
+
+    def _keep_summary(self, summary: p.Summary) -> None:
+        self._summaries[summary.seq] = summary
+        self._summary_seqs.append(summary.seq)
+        first = self.ring.first_seq
+        while self._summary_seqs and self._summary_seqs[0] < first:
+            self._summaries.pop(self._summary_seqs.popleft(), None)
+
+    def _report_watches(self, gpus: list[p.GpuSample], now: float) -> None:
+        """An event per condition that began (its window full) or stopped holding on a GPU."""
+        for change in self.watcher.evaluate(gpus, now):
+            w = change.watch
+            value = "N/A" if change.value is None else f"{change.value:g}"
+            text = watch_text(w)
+            if change.held:
+                self.event("condition_held", f"{text} holds on gpu {change.gpu} ({w.metric} = {value}, "
+                           f"held {now - change.since:.0f} s)", "warning", gpu=change.gpu, playbook=str(w.name),
+                           condition=text, value=value, held_s=f"{now - change.since:.0f}")
+            else:
+                self.event("condition_cleared", f"{text} no longer holds on gpu {change.gpu} ({w.metric} = {value})",
+                           "info", gpu=change.gpu, playbook=str(w.name), condition=text, value=value)
 
     def _send_log_lines(self, lines: list[tuple[str, str, float]]) -> None:
         subscribers = [c for c in self.clients if c.logs]
@@ -400,6 +437,7 @@ class Agent:
         """The client's session ended; what it never got is counted."""
         client.closed = True
         client.wake.set()
+        self.watcher.forget(id(client))
         if client in self.clients:
             self.clients.discard(client)
             self.dropped_replies += client.dropped
@@ -424,9 +462,13 @@ class Agent:
             return None
         if isinstance(frame, p.Subscribe):
             client.logs = frame.logs
+            client.mode, client.every = frame.mode, max(frame.every, 0.0)
+            refused = self.watcher.set(id(client), frame.watches)
+            if refused:
+                client.reply(self.reply_frame(p.Error(code=p.Text("bad_watch"), message=p.Text("; ".join(refused)))))
             if not client.subscribed:
                 client.subscribed = True
-                client.cursor = self.resume_cursor(frame.resume_from)
+                client.cursor = client.last_sent = self.resume_cursor(frame.resume_from)
             client.wake.set()
             return None
         if isinstance(frame, p.Search):
@@ -560,15 +602,43 @@ class Agent:
                     self._lost_to = max(self._lost_to, gap[1])
                     self.log.warning("client {} fell behind: {} frames lost", client.caller, lost)
                     write(self.reply_frame(p.Gap(from_seq=gap[0], to_seq=gap[1], reason=p.Text("client fell behind the agent's buffer"))))
-                    client.cursor = gap[1]
+                    client.cursor = client.last_sent = gap[1]
+                    client.sent += 1
                 if frames:
-                    for data in frames:
-                        write(data)
+                    if client.mode is p.StreamMode.SUMMARY:
+                        self._write_summarised(client, frames, write)
+                    else:
+                        for data in frames:
+                            write(data)
+                        client.sent += len(frames)
+                        client.last_sent = client.cursor + len(frames)
                     client.cursor += len(frames)
                     if client.cursor < self.ring.last_seq:
                         client.wake.set()
             await drain()
 
+
+    def _write_summarised(self, client: ClientStream, frames: list[bytes], write: Callable[[bytes], None]) -> None:
+        """Frames from the client's cursor with each sample as its summary; samples inside ``every`` are folded."""
+        seq = client.cursor
+        for data in frames:
+            seq += 1
+            summary = self._summaries.get(seq)
+            if summary is None:  # an event, or a sample older than its summary: as it is
+                write(data)
+            else:
+                # Within ``every`` of the last summary it got, a sample is folded into the next one.
+                # Ticks jitter: "due" allows a tenth of the agent's interval early.
+                slack = 0.1 * self.config.interval
+                due = client.since_summary is None or summary.ts - client.since_summary >= client.every - slack
+                if not due:
+                    client.folded += 1
+                    continue
+                summary.after, summary.every = client.last_sent, client.every
+                client.since_summary = summary.ts
+                write(p.encode(summary))
+            client.last_sent = seq
+            client.sent += 1
 
 
 def _fit_frame(lines: list[p.LogLine]) -> int:
@@ -613,3 +683,10 @@ def _write_durably(path: Path, data: bytes) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def _for_the_wire(gpu: p.GpuSample) -> p.GpuSample:
+    """The GPU's sample as frames carry it: per-link NVLink rates stay on /metrics."""
+    if not gpu.nvlink_link_tx_bps and not gpu.nvlink_link_rx_bps:
+        return gpu
+    return msgspec.structs.replace(gpu, nvlink_link_tx_bps=[], nvlink_link_rx_bps=[])

@@ -143,7 +143,9 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     pcie_rx_bps: float | None = None
     nvlink_tx_bps: float | None = None  # bytes/s, all links
     nvlink_rx_bps: float | None = None
-    nvlink_link_tx_bps: list[float | None] = []  # per link, index = link id
+    # Per link, index = link id. For /metrics only: the agent leaves them out of the frames it sends
+    # (18 links x 2 are 40 % of an 8-GPU sample, and no view shows them).
+    nvlink_link_tx_bps: list[float | None] = []
     nvlink_link_rx_bps: list[float | None] = []
 
 
@@ -281,6 +283,100 @@ class Sample(Frame, tag="sample"):
     patrol_failing: list[Text] | None = None
 
 
+class StreamMode(StrEnum):
+    """What a subscriber gets for each tick: the whole sample, or the few values the fleet view shows."""
+
+    FULL = "full"
+    SUMMARY = "summary"
+
+
+class GpuBrief(msgspec.Struct, array_like=True):
+    """One GPU in a summary, as a JSON array: what the heatmap, the fleet table and GPU health read.
+
+    Rounded: whole %, °C, W and MB say all a fleet view shows. ``None`` is N/A, as in a sample.
+    """
+
+    index: int
+    util: int | None = None
+    temp_c: int | None = None
+    power_w: int | None = None
+    mem_used_mb: int | None = None
+    mem_total_mb: int | None = None
+    state: Text = Text("ok")
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    throttle: list[Text] = []
+
+
+def _rounded(value: float | None) -> int | None:
+    return None if value is None else int(round(value))
+
+
+def gpu_brief(gpu: GpuSample) -> GpuBrief:
+    """A GPU's sample cut to its summary."""
+    return GpuBrief(
+        gpu.index, _rounded(gpu.util), _rounded(gpu.temp_c), _rounded(gpu.power_w), _rounded(gpu.mem_used_mb),
+        _rounded(gpu.mem_total_mb), gpu.state, gpu.ecc_sbe, gpu.ecc_dbe, gpu.remapped_rows_pending,
+        gpu.remapped_rows_failed, gpu.throttle,
+    )
+
+
+class Summary(Frame, tag="summary"):
+    """A sample cut to what the fleet view shows: it takes the sample's seq, for subscribers in summary mode.
+
+    ``after`` is the seq of the frame this subscriber was sent before this one: the
+    samples between were folded into this summary on purpose (``every``), not lost.
+    ``every`` is how many seconds apart this subscriber's summaries come.
+    """
+
+    gpus: list[GpuBrief] = []
+    cpu_percent: int | None = None
+    mem_used_mb: int | None = None
+    mem_total_mb: int | None = None
+    rx_bps: float | None = None  # summed over the node's NICs
+    tx_bps: float | None = None
+    nic_errors: int | None = None  # rx + tx errors summed over the node's NICs
+    trainer: TrainerStatus | None = None  # job, phase, step, loss, step time and checkpoints only
+    isolated: bool = False
+    patrol_failing: list[Text] | None = None
+    after: int = 0
+    every: float = 0.0
+
+    def as_sample(self) -> Sample:
+        """The summary read as a sample: what it does not carry is N/A (NICs as one summed entry)."""
+        nics = [] if self.rx_bps is None else [NicSample(
+            name=Text("all"), rx_bps=self.rx_bps, tx_bps=self.tx_bps or 0.0, rx_errors=self.nic_errors or 0)]
+        host = HostSample(cpu_percent=self.cpu_percent, mem_used_mb=self.mem_used_mb, mem_total_mb=self.mem_total_mb, nics=nics)
+        gpus = [GpuSample(index=g.index, util=g.util, temp_c=g.temp_c, power_w=g.power_w, mem_used_mb=g.mem_used_mb,
+                          mem_total_mb=g.mem_total_mb, state=g.state, ecc_sbe=g.ecc_sbe, ecc_dbe=g.ecc_dbe,
+                          remapped_rows_pending=g.remapped_rows_pending, remapped_rows_failed=g.remapped_rows_failed,
+                          throttle=g.throttle) for g in self.gpus]
+        return Sample(gpus=gpus, host=host, trainer=self.trainer, isolated=self.isolated,
+                      patrol_failing=self.patrol_failing, seq=self.seq, ts=self.ts, node=self.node, v=self.v)
+
+
+def summarize(sample: Sample) -> Summary:
+    """The summary of one sample, seq and time included."""
+    host = sample.host
+    trainer = sample.trainer
+    if trainer is not None:
+        trainer = TrainerStatus(job=trainer.job, phase=trainer.phase, step=trainer.step, loss=trainer.loss,
+                                step_time_s=trainer.step_time_s, checkpoints=trainer.checkpoints,
+                                world_size=trainer.world_size, paused=trainer.paused)
+    nics = host.nics
+    return Summary(
+        gpus=[gpu_brief(g) for g in sample.gpus], cpu_percent=_rounded(host.cpu_percent),
+        mem_used_mb=_rounded(host.mem_used_mb), mem_total_mb=_rounded(host.mem_total_mb),
+        rx_bps=float(round(sum(n.rx_bps for n in nics))) if nics else None,
+        tx_bps=float(round(sum(n.tx_bps for n in nics))) if nics else None,
+        nic_errors=sum(n.rx_errors + n.tx_errors for n in nics) if nics else None,
+        trainer=trainer, isolated=sample.isolated, patrol_failing=sample.patrol_failing,
+        seq=sample.seq, ts=sample.ts, node=sample.node, v=sample.v,
+    )
+
+
 class Event(Frame, tag="event"):
     """Something happened: an XID, an ECC error, an NCCL timeout, an action taken.
 
@@ -353,6 +449,46 @@ class Subscribe(Frame, tag="subscribe"):
 
     resume_from: int | None = None
     logs: bool = False  # stream raw log lines too (only for nodes the operator looks at)
+    # Sent again on a live stream, these switch it without moving its place (logs too).
+    mode: StreamMode = StreamMode.FULL  # an older console asks nothing and gets full samples, as before
+    every: float = 0.0  # summary mode: at most one summary this many seconds (0: one per sample)
+    watches: list[Watch] = []  # metric conditions the agent evaluates and reports (condition_held / _cleared)
+
+
+class Watch(msgspec.Struct, kw_only=True):
+    """A metric condition for the agent to evaluate: ``metric op threshold`` held ``hold`` seconds. Data, never code.
+
+    ``metric`` is one of :data:`WATCH_METRICS`; ``name`` (the playbook's) and the
+    condition's text come back in the agent's events so the console knows what held.
+    """
+
+    name: Text
+    metric: Text
+    op: Text  # > >= < <= == !=
+    threshold: float
+    hold: float = 0.0
+
+
+# The metrics an agent can evaluate, per GPU: metric name -> the GpuSample field it reads, or
+# "throttle:WORD" for "a throttle reason naming WORD is active" (1 or 0). The playbooks' names.
+WATCH_METRICS: dict[str, str] = {
+    "gpu.temperature": "temp_c",
+    "gpu.util": "util",
+    "gpu.mem_util": "mem_util",
+    "gpu.memory_used": "mem_used_mb",
+    "gpu.power": "power_w",
+    "gpu.sm_clock": "sm_clock_mhz",
+    "gpu.mem_clock": "mem_clock_mhz",
+    "gpu.pcie_replay": "pcie_replay",
+    "gpu.ecc_sbe": "ecc_sbe",
+    "gpu.ecc_dbe": "ecc_dbe",
+    "gpu.retired_pages": "retired_pages",
+    "gpu.nvlink_errors": "nvlink_errors",
+    "gpu.throttle.thermal": "throttle:thermal",
+    "gpu.throttle.power": "throttle:power",
+}
+WATCH_OPS: frozenset[str] = frozenset({">", ">=", "<", "<=", "==", "!="})
+MAX_WATCHES = 64  # a console sends its playbooks' conditions: more than this is a bug, refused
 
 
 class Action(Frame, tag="action"):
@@ -362,6 +498,11 @@ class Action(Frame, tag="action"):
     action: Text
     args: dict[Text, Any] = {}
     reason: Text = Text("")
+    # The sending console's fencing token (its etcd lease's revision); None: a console alone, not fenced.
+    # An agent refuses an acting request whose token is older than the newest it has seen.
+    fence: int | None = None
+    # A playbook step's idempotency key ("<incident>/<step index>"): a repeat is answered with the first outcome.
+    key: Text | None = None
 
 
 class Search(Frame, tag="search"):
@@ -372,7 +513,7 @@ class Search(Frame, tag="search"):
     limit: int = 500
 
 
-AgentFrame = Union[Hello, Sample, Event, LogLine, ActionResult, SearchResult, Gap, Error]
+AgentFrame = Union[Hello, Sample, Summary, Event, LogLine, ActionResult, SearchResult, Gap, Error]
 ClientFrame = Union[Subscribe, Action, Search]
 AnyFrame = Union[AgentFrame, ClientFrame]
 
@@ -434,6 +575,9 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "oom_killer",
         "kernel_panic",
         "disk_io_error",
+        # A metric condition a console asked the agent to watch (Subscribe.watches).
+        "condition_held",
+        "condition_cleared",
     }
 )
 
@@ -452,10 +596,11 @@ ACTIONS: frozenset[str] = frozenset(
         "capture_scene",
         "preflight",
         "ping",
+        "dump_collectives",
     }
 )
-# Actions a viewer may send: they read, they change nothing.
-VIEWER_ACTIONS: frozenset[str] = frozenset({"ping", "preflight"})
+# Actions a viewer may send: they read, they change nothing (a viewer's collective dump is shorter).
+VIEWER_ACTIONS: frozenset[str] = frozenset({"ping", "preflight", "dump_collectives"})
 
 
 # ------------------------------------------------------------------- encode/decode

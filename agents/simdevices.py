@@ -39,6 +39,7 @@ class DeviceFault(enum.Enum):
     THERMAL = "thermal"  # clocks throttled: every step takes longer
     HANG = "hang"  # a kernel that never finishes: stuck in the next collective
     LINK_FLAP = "ib-flap"  # an InfiniBand link flaps: collectives slow, then fail
+    SPIN = "spin"  # the training thread loops in Python before its next collective (no GPU fault: the peers wait)
 
 
 def fault_for(kind: str, code: int | None = None) -> DeviceFault | None:
@@ -48,7 +49,7 @@ def fault_for(kind: str, code: int | None = None) -> DeviceFault | None:
         return {79: DeviceFault.LOST, 48: DeviceFault.ECC_DBE, 13: DeviceFault.APP_CRASH,
                 31: DeviceFault.APP_CRASH}.get(code if code is not None else -1)
     return {"fell-off-bus": DeviceFault.LOST, "ecc-dbe": DeviceFault.ECC_DBE, "thermal": DeviceFault.THERMAL,
-            "hang": DeviceFault.HANG, "ib-flap": DeviceFault.LINK_FLAP}.get(kind)
+            "hang": DeviceFault.HANG, "ib-flap": DeviceFault.LINK_FLAP, "spin": DeviceFault.SPIN}.get(kind)
 
 
 class FaultRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from agents import protocol as p
 from agents.sources import Reading
+
+if TYPE_CHECKING:
+    from trainer.control import CollectiveRecord
+
+VIEWER_DUMP_ENTRIES = 64  # a viewer's read stays small: the newest few steps of every group
 
 
 class TrainerLink:
@@ -74,6 +79,17 @@ class TrainerLink:
         if command == "leave" and reply.ok:
             self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
+
+    async def collectives(self, viewer: bool, limit: int | None = None) -> tuple[CollectiveRecord | None, str]:
+        """The trainer's collective record (a viewer gets the newest ``VIEWER_DUMP_ENTRIES`` at most), or why not."""
+        from trainer.control import MAX_DUMP_ENTRIES, TrainerUnavailable, read_collectives
+
+        cap = VIEWER_DUMP_ENTRIES if viewer else MAX_DUMP_ENTRIES
+        want = min(max(1, limit), cap) if limit is not None else cap
+        try:
+            return await read_collectives(self.socket_path, want, timeout=self.timeout), ""
+        except TrainerUnavailable as exc:
+            return None, str(exc)
 
     async def _poll_forever(self) -> None:
         from trainer.control import read_status

@@ -11,7 +11,11 @@ the collective timeout, the trainer's ``--progress-deadline``);
 torchrun's rendezvous, restarting every worker, as gridwatch's trainer did
 before its membership coordinator. Prints each run's incidents and a table of
 goodput (productive training time over wall time, from the demo's summary)
-with the ratio; ``--out`` keeps both summaries as JSON.
+with the ratio, then where each run's time went as the console saw it
+(``goodput_breakdown`` of the summary: productive time and each named loss,
+which add up to the breakdown's wall time; the check is printed, and a run
+whose uses miss its wall time by more than 1 % fails); ``--out`` keeps both
+summaries as JSON.
 
     .venv/bin/python benchmarks/bench_soak.py --minutes 10 --out /tmp/soak.json
 """
@@ -64,9 +68,35 @@ def show(summary: dict) -> None:
     for row in summary["incidents"]:
         print(f"  {row['node']} {row['playbook']:<20} fault={row['fault'] or '-':<14} "
               f"detected={fmt_s(row['detected_s'])} recovered={fmt_s(row['recovered_s'])} "
+              f"steps lost={row.get('steps_lost', '-')} GPU-h lost={row.get('gpu_hours_lost') or 0:.4f} "
               f"actions={','.join(row['actions']) or '-'}")
     for note in summary.get("notes", []):
         print(f"  note: {note}")
+
+
+# The uses of time in the order of console.fleet.goodput.TimeUse (read from the JSON, so no import).
+USES = ("productive", "detection", "reform", "recompute", "checkpoint", "restore", "waiting", "startup",
+        "slow_steps", "other")
+
+
+def breakdown_rows(runs: list[dict]) -> list[str]:
+    """Markdown rows: each run's seconds per use (and share), and how far their sum is from the wall time."""
+    rows = ["| run | wall | " + " | ".join(USES) + " | sum / wall |", "|---|---|" + "---|" * (len(USES) + 1)]
+    for run in runs:
+        gb = run.get("goodput_breakdown")
+        if not gb:
+            rows.append(f"| {run['mode']} | - |" + " - |" * (len(USES) + 1))
+            continue
+        wall = gb["wall_s"] or 1.0
+        cells = [f"{gb['seconds'].get(u, 0.0):.0f} s ({gb['seconds'].get(u, 0.0) / wall * 100:.1f} %)" for u in USES]
+        total = sum(gb["seconds"].values())
+        rows.append(f"| {run['mode']} | {gb['wall_s']:.0f} s | " + " | ".join(cells) + f" | {total / wall * 100:.2f} % |")
+    return rows
+
+
+def breakdown_adds_up(run: dict) -> bool:
+    gb = run.get("goodput_breakdown")
+    return not gb or abs(sum(gb["seconds"].values()) - gb["wall_s"]) <= 0.01 * gb["wall_s"]
 
 
 def fmt_pct(value: float | None) -> str:
@@ -119,6 +149,15 @@ def main() -> int:
               f"{fmt_pct(run['goodput'])} | {fmt_pct(run.get('paced_goodput'))} | {run['steps']} | {run['steps_lost']} |")
     if len(runs) == 2 and runs[0]["goodput"] and runs[1]["goodput"]:
         print(f"\nratio acting / {runs[1]['mode']} goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
+    print("\nwhere the time went, as the console saw the trainers (seconds and share of the breakdown's wall time):\n")
+    print("\n".join(breakdown_rows(runs)))
+    for run in runs:
+        print(f"{run['mode']}: MTTD {fmt_s(run.get('mttd_s'))}, MTTR {fmt_s(run.get('mttr_s'))}, "
+              f"MTBF {fmt_s(run.get('mtbf_s'))}")
+    bad = [run["mode"] for run in runs if not breakdown_adds_up(run)]
+    if bad:
+        print(f"the goodput breakdown of {', '.join(bad)} does not add up to its wall time within 1 %")
+        return 1
     return 0
 
 

@@ -20,11 +20,15 @@ from typing import TYPE_CHECKING, Iterable
 
 from loguru import logger
 
-from agents.protocol import STALE_AFTER_INTERVALS, Event, Frame, Hello, LogLine, Sample, severity_rank
+from agents.protocol import (
+    STALE_AFTER_INTERVALS, WATCH_METRICS, WATCH_OPS, Event, Frame, Hello, LogLine, Sample, Summary, Text, Watch,
+    severity_rank,
+)
 from agents.xidcatalog import xid_catalog
 from playbooks.durations import format_duration
 from playbooks.clock import Clock
 from playbooks.guards import GuardLedger, apply_guards
+from playbooks.history import FleetHistory
 from playbooks.model import (
     JOB_STEPS,
     REMOVING_STEPS,
@@ -38,6 +42,7 @@ from playbooks.model import (
 from playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 
 if TYPE_CHECKING:
+    from playbooks.blame_collectives import CollectiveVerdict
     from playbooks.seed import SeedSummary
     from playbooks.store import IncidentStore
 
@@ -52,6 +57,9 @@ BLAME_REPORTERS = 2
 BLAME_WINDOW = 60.0  # seconds the reports of one step may lie apart, at least (a trigger's ``within`` if longer)
 _BLAME_SWEEP = 4096  # above this many blamed (node, step)s, stale ones are forgotten
 _HISTORY = 1000  # closed incidents kept for the console and replay summaries
+# A collective verdict names the cause of its job's hang incidents that open this long after it: a
+# frozen trainer is reported (trainer_exit) only after the agent's grace, when the records are long read.
+BLAME_FRESH = 60.0
 
 
 @dataclass
@@ -105,6 +113,22 @@ def _share(seen: deque[tuple[float, str]]) -> float:
     return len(steps) / (max(steps) - min(steps) + 1) if steps else 1.0
 
 
+def agent_can_watch(pb: Playbook) -> Watch | None:
+    """The playbook's metric condition as the agent evaluates it (per-GPU metrics the wire names), or None."""
+    trig = pb.trigger
+    if not isinstance(trig, MetricTrigger):
+        return None
+    cond = trig.condition
+    if cond.metric not in WATCH_METRICS or cond.op not in WATCH_OPS:
+        return None
+    return Watch(name=Text(pb.name), metric=Text(cond.metric), op=Text(cond.op), threshold=cond.threshold, hold=cond.hold)
+
+
+def agent_watches(playbooks: Iterable[Playbook]) -> list[Watch]:
+    """What a console asks its agents to watch for these playbooks (Subscribe.watches)."""
+    return [w for w in (agent_can_watch(pb) for pb in playbooks) if w is not None]
+
+
 class Engine:
     """Matches playbooks against what nodes report and plans what to do."""
 
@@ -129,6 +153,10 @@ class Engine:
         self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
         # (playbook, scope key, XID code) -> when a plan of it let its ``repeat.after`` step act
         self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
+        self.history = FleetHistory()  # every node's and GPU's incidents, remediations and verdicts
+        self._verdicts: dict[str, tuple[float, CollectiveVerdict]] = {}  # job -> (when, newest verdict with a culprit)
+        # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
+        self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
 
     # ----------------------------------------------------------------- input
 
@@ -142,6 +170,7 @@ class Engine:
         node = self._node_for(source, frame, now)
         if isinstance(frame, Hello):
             node.boot_id = _ID_SAFE.sub("", str(frame.boot_id))[:8]
+            self.history.saw_gpus(node.name, frame.gpus)
         self._frame_ident = node.last_ident = self._identity(node, frame, now)
         try:
             return self._observe(node, frame, now)
@@ -164,6 +193,13 @@ class Engine:
 
     def _observe(self, node: NodeState, frame: Frame, now: float) -> list[Plan]:
         plans: list[Plan] = []
+        summarised = isinstance(frame, Summary)
+        if isinstance(frame, Summary):
+            # Its cadence is the node's heartbeat now (lost after 3 of them). It is read as a
+            # sample (isolated, trainer) and made one only if a playbook needs its metrics.
+            node.interval = max(node.interval, frame.every)
+        if isinstance(frame, Event) and frame.kind in ("condition_held", "condition_cleared"):
+            return self._agent_condition(node, frame, now)
         if isinstance(frame, Hello):
             node.hello_ident = self._frame_ident
             node.interval = frame.interval if frame.interval > 0 else node.interval
@@ -171,7 +207,7 @@ class Engine:
             self._settle_seeded(node, frame.isolated)
             # Stacks are compared on tick, once the hellos that arrive together are all in.
             node.stack_hash = str(frame.stack.hash)
-        elif isinstance(frame, Sample):
+        elif isinstance(frame, (Sample, Summary)):
             if node.reported_isolated and not frame.isolated:
                 node.removed = False  # put back in by an operator
                 self.ledger.returned(node.name, now)
@@ -182,7 +218,7 @@ class Engine:
                 node.trainer_step = frame.trainer.step
                 node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
                 node.members = frozenset(str(m) for m in frame.trainer.membership)
-            plans += self._match_metrics(node, frame, now)
+            plans += self._match_metrics(node, frame, now, agent_watched=summarised)
         elif isinstance(frame, Event):
             if frame.kind == "isolated":
                 node.reported_isolated = True
@@ -263,6 +299,10 @@ class Engine:
         else:
             self._closed.append(incident)
 
+    def remember_fix(self, playbook: str, key: str, code: int | None, at: float) -> None:
+        """After a restart: a plan of ``playbook`` on ``key`` let its ``repeat.after`` step act at ``at`` (oldest first)."""
+        self._fixes_of_code.setdefault((playbook, key, code), deque()).append(at)
+
     # ---------------------------------------------------------------- queries
 
     def incidents(self, include_closed: bool = False) -> list[Incident]:
@@ -272,6 +312,62 @@ class Engine:
 
     def incident(self, incident_id: str) -> Incident | None:
         return self._by_id.get(incident_id)
+
+    # ------------------------------------------------------------------ blame
+
+    def blame(self, incident_id: str, verdict: CollectiveVerdict) -> Plan | None:
+        """The ranks' collective records name the cause of ``incident_id``; the plan made now, if any.
+
+        For a ``blame: collectives`` playbook the incident acts on the blamed
+        node, and one still gathering symptoms (``settle``) is planned now. One
+        already planned keeps its plan and only records who is to blame.
+        """
+        incident = self._by_id.get(incident_id)
+        pb = self._playbook(incident.playbook) if incident is not None else None
+        if incident is None or pb is None or incident.state not in ("open", "pending") or not verdict.culprits:
+            return None
+        now = self.clock.now()
+        pending = incident.id in self._pending
+        self._apply_blame(incident, pb, verdict, now, act_on=pending)
+        if pending and pb.blame:
+            del self._pending[incident.id]
+            return self._plan(incident, now)
+        return None
+
+    def hang_verdict(self, job: str, verdict: CollectiveVerdict) -> list[Plan]:
+        """A verdict over ``job``'s ranks: given to its open hang incidents, and kept for those to come."""
+        if not verdict.culprits:
+            return []
+        self._verdicts[job] = (self.clock.now(), verdict)
+        plans: list[Plan] = []
+        for incident in list(self._open.values()):
+            pb = self._playbook(incident.playbook)
+            if pb is None or not pb.blame or incident.blamed or (job and incident.job and incident.job != job):
+                continue
+            plan = self.blame(incident.id, verdict)
+            if plan is not None:
+                plans.append(plan)
+        return plans
+
+    def _standing_verdict(self, pb: Playbook, job: str, now: float) -> CollectiveVerdict | None:
+        if not pb.blame:
+            return None
+        kept = self._verdicts.get(job)
+        if kept is None or now - kept[0] > BLAME_FRESH:
+            return None
+        return kept[1]
+
+    def _blamed_nodes(self, verdict: CollectiveVerdict) -> list[str]:
+        return [n for n in verdict.nodes if n in self.nodes] or verdict.nodes
+
+    def _apply_blame(self, incident: Incident, pb: Playbook, verdict: CollectiveVerdict, now: float,
+                     act_on: bool) -> None:
+        incident.blamed = self._blamed_nodes(verdict)
+        incident.blame_why = verdict.summary
+        incident.notes.append(f"{now:.3f} collective records: {verdict.summary}")
+        if pb.blame and act_on:
+            incident.node = incident.blamed[0]
+            incident.summary = verdict.summary
 
     def resolve(self, incident_id: str) -> bool:
         """The operator resolved it: the next symptom opens a new incident."""
@@ -418,12 +514,51 @@ class Engine:
         """True once ``count`` symptoms on one scope fell within ``within``."""
         return self._persists(pb, EventTrigger(frozenset(), count=count, within=within), symptom, now)
 
-    def _match_metrics(self, node: NodeState, sample: Sample, now: float) -> list[Plan]:
+    def _agent_condition(self, node: NodeState, event: Event, now: float) -> list[Plan]:
+        """A condition the agent evaluated (its window held, or it cleared): taken as this engine's own finding.
+
+        The latch is the one :meth:`_match_metrics` uses, so a condition both the agent
+        and this engine see hold opens one incident.
+        """
+        pb = self._playbook(str(event.details.get("playbook", "")))
+        if pb is None or not isinstance(pb.trigger, MetricTrigger) or event.gpu is None:
+            return []
+        cond = pb.trigger.condition
+        if str(event.details.get("condition", "")) != str(cond):
+            return []  # about a condition this console no longer has (its playbooks were reloaded)
+        latch = (pb.name, node.name, f"metric:{event.gpu}")
+        if event.kind == "condition_cleared":
+            self._latched.discard(latch)
+            self._holds.pop((pb.name, node.name, event.gpu), None)
+            return []
+        if latch in self._latched:
+            return []
+        self._latched.add(latch)
+        value = str(event.details.get("value", "N/A"))
+        held = str(event.details.get("held_s", "?"))
+        summary = f"{cond.metric} = {value} on {node.name} gpu {event.gpu} ({cond}, held {held}s, seen by the agent)"
+        return self._symptom(pb, _Symptom(node.name, event.gpu, summary, ident=self._frame_ident), now)
+
+    def _metric_books(self, agent_watched: bool) -> tuple[Playbook, ...]:
+        """The metric playbooks this engine evaluates itself (from summaries: those the agent cannot), kept per set."""
+        cached = self._metric_cache
+        if cached is None or cached[0] is not self.playbooks:
+            mine = tuple(pb for pb in self.playbooks if isinstance(pb.trigger, MetricTrigger))
+            cached = self._metric_cache = (self.playbooks, mine, tuple(pb for pb in mine if agent_can_watch(pb) is None))
+        return cached[2] if agent_watched else cached[1]
+
+    def _match_metrics(self, node: NodeState, frame: Sample | Summary, now: float, agent_watched: bool = False) -> list[Plan]:
+        """Metric conditions on one sample; from a summary, the ones the agent evaluates are left to it."""
         plans: list[Plan] = []
-        for pb in self.playbooks:
-            if not isinstance(pb.trigger, MetricTrigger):
+        books = self._metric_books(agent_watched)
+        if not books:
+            return plans  # the common case at scale: the agents watch every metric condition
+        sample = frame.as_sample() if isinstance(frame, Summary) else frame
+        for pb in books:
+            trig = pb.trigger
+            if not isinstance(trig, MetricTrigger):  # never: _metric_books keeps only those; this tells mypy
                 continue
-            cond = pb.trigger.condition
+            cond = trig.condition
             for gpu, value in cond.readings(sample):
                 key = (pb.name, node.name, gpu)
                 latch = (pb.name, node.name, f"metric:{gpu}")
@@ -504,9 +639,14 @@ class Engine:
 
     def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
         target = self._target(pb, symptom) or symptom.node
+        reporter = self.nodes.get(symptom.node)
+        standing = self._standing_verdict(pb, reporter.job if reporter else "", now)
+        if standing is not None:
+            target = self._blamed_nodes(standing)[0]  # the records name the cause: not the reporter
         superseded: Incident | None = None
         state = self.nodes.get(target)
-        if pb.removes_nodes and pb.target != "cause":
+        removes = pb.removes_nodes or (standing is not None and any(s.action in REMOVING_STEPS for s in pb.blame_plan))
+        if removes and pb.target != "cause":
             cause = self._cause_for(target)
             if state is not None and state.out:
                 # Already out of the job: its later errors need no new plan.
@@ -522,7 +662,7 @@ class Engine:
                 superseded = cause
         if pb.target == "cause":
             cause = self._newest_node_fault(now, pb.dedup_window, pb.severity)
-            if cause is not None:
+            if cause is not None and (standing is None or cause.node == target):
                 self._merge(cause, symptom, now, f"symptom {pb.name} from {symptom.node} attributed to this fault")
                 return []
         key = self._scope_key(pb, _Symptom(target, symptom.gpu, ""))
@@ -549,7 +689,9 @@ class Engine:
         logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
         if superseded is not None:
             self._supersede(superseded, incident, now)
-        if pb.settle:
+        if standing is not None:
+            self._apply_blame(incident, pb, standing, now, act_on=True)
+        if pb.settle and standing is None:  # blamed already: nothing left to wait for
             self._pending[incident.id] = now + pb.settle
             return []
         plan = self._plan(incident, now)
@@ -595,9 +737,10 @@ class Engine:
             return None
         incident.state = "open"
         escalate_all = ""
+        by_records = pb.blame and bool(incident.blamed)  # the collective records named the cause
         if pb.target == "cause":
             cause = self._newest_node_fault(now, pb.dedup_window + pb.settle, pb.severity)
-            if cause is not None and cause.id != incident.id:
+            if cause is not None and cause.id != incident.id and (not by_records or cause.node in incident.blamed):
                 cause.symptoms += incident.symptoms
                 cause.last_seen_at = now
                 cause.reporters = sorted(set(cause.reporters) | set(incident.reporters))
@@ -610,7 +753,10 @@ class Engine:
             job_nodes = [n for n in self.nodes.values()
                          if not n.out and (not incident.job or not n.job or n.job == incident.job)]
             silent = [n.name for n in job_nodes if n.name not in incident.reporters]
-            if len(silent) == 1 and len(incident.reporters) >= 2:
+            if by_records:
+                # The records say who never entered the collective: that wins over who stayed silent.
+                incident.notes.append(f"{now:.3f} cause: {incident.node}, named by the collective records")
+            elif len(silent) == 1 and len(incident.reporters) >= 2:
                 incident.node = silent[0]
                 incident.summary = (f"{pb.kind} reported by {len(incident.reporters)} nodes; cause: {silent[0]}, "
                                     f"the one node that did not report it")
@@ -621,7 +767,7 @@ class Engine:
                                 f"{len(silent)} did not")
                 incident.notes.append(f"{now:.3f} {escalate_all}")
         key = next((k[1] for k, v in self._open.items() if v is incident), incident.node)
-        spec = pb.plan
+        spec = pb.blame_plan if by_records and pb.blame_plan else pb.plan
         fixes: deque[float] | None = None
         g = pb.guards
         if g.repeat_after is not None and g.repeat_max is not None:
@@ -633,6 +779,8 @@ class Engine:
                 incident.summary += (f"; came back after {len(fixes)} {g.repeat_after} within "
                                      f"{format_duration(g.repeat_window)}: hardware inspection")
                 incident.notes.append(f"{now:.3f} repeat rule: {incident.summary}")
+        code = self._codes.get(incident.id)
+        spec, judged = self.history.before_plan(pb, incident, code, spec, now)
         steps = self._steps(pb, incident, now, spec)
         if escalate_all:
             for step in steps:
@@ -644,6 +792,7 @@ class Engine:
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)
         self._coalesce_restarts(incident, steps, now)
+        self.history.after_guards(pb, incident, code, steps, judged, now)
         for step in steps:
             if step.decision == "act" and step.step in REMOVING_STEPS:
                 for name in step.nodes:

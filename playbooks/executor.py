@@ -32,7 +32,8 @@ ran is killed with its process group and reaped first (``SubprocessRunner``).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from contextvars import ContextVar
+from typing import Any, Callable, Protocol
 
 import msgspec
 from loguru import logger
@@ -76,6 +77,9 @@ PENDING = "pending"
 PENDING_OUTCOME = "controller unreachable, retrying"
 # A drain step's outcome (state skipped) when no scheduler is configured.
 NO_SCHEDULER = "no scheduler configured"
+# The step being run: its agent actions carry this as their idempotency key (``Action.key``), so an agent
+# that did the step already answers a repeat (a standby finishing the plan) with the first outcome.
+STEP_KEY: ContextVar[str | None] = ContextVar("step_key", default=None)
 # Incident states in which a pending drain is still worth trying.
 _LIVE_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced")
 
@@ -166,6 +170,10 @@ class Executor:
         self.drain_retry = drain_retry or Backoff()
         self.scheduler_timeout = scheduler_timeout  # return to service has no step, so no step timeout
         self._retrying: dict[str, tuple[str, asyncio.Task[None]]] = {}  # step id -> (node, its retry)
+        # Asked before each step starts: None, or why this console may not start one now (another leads).
+        self.gate: Callable[[], str | None] = lambda: None
+        # Told of each step as it starts and ends (step, state, outcome): the leader publishes it.
+        self.on_step: list[Callable[[PlannedStep, str, str], None]] = []
 
     async def run(self, plan: Plan) -> list[StepRecord]:
         """Record the plan and run what has not run yet, in order; returns every step's record."""
@@ -319,9 +327,15 @@ class Executor:
                 self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
                                  outcome=f"skipped: {NO_SCHEDULER}")
                 continue
+            held = self.gate()
+            if held is not None:
+                logger.bind(node=step.target).info("{} waits: {}", step.id, held)
+                break  # the rest is run by the console that leads
             self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="before")
             self.store.set_step(step.id, "running", started=True)
+            self._tell(step, "running", "")
             audit = _CommandAudit(self.store, who, why, incident_id, step.id)
+            key = STEP_KEY.set(step.id)
             try:
                 outcome = await asyncio.wait_for(self._perform(step, incident, who, audit), step.timeout)
                 state = "done"
@@ -331,6 +345,8 @@ class Executor:
                 outcome, state = f"{PENDING_OUTCOME} ({exc})", PENDING
             except (StepFailed, DrainRefused, OSError, RuntimeError, ValueError) as exc:
                 outcome, state = str(exc) or exc.__class__.__name__, "failed"
+            finally:
+                STEP_KEY.reset(key)
             self._finish(step, who, why, state, outcome)
             if state == PENDING:
                 self._start_retry(step, incident, who)
@@ -348,6 +364,14 @@ class Executor:
         logger.bind(node=step.target).info("{} {} -> {}: {}", step.incident, step.step, state, outcome)
         if state == "done" and step.step in ACTING_STEPS:
             self.store.mark_acted(step.incident, self.clock.now())
+        self._tell(step, state, outcome)
+
+    def _tell(self, step: PlannedStep, state: str, outcome: str) -> None:
+        for call in self.on_step:
+            try:
+                call(step, state, outcome)
+            except Exception:  # noqa: BLE001 - who listens must not stop the plan
+                logger.exception("a step listener failed on {}", step.id)
 
     async def _tell_unrecorded(self, plan: Plan, trouble: str) -> None:
         """The plan runs, but its record is only in memory: the people its plan would tell hear that too."""

@@ -132,6 +132,25 @@ class Step:
     condition: str | None = None
 
 
+class HistoryRuleName(StrEnum):
+    """Rules over a node's and a GPU's history (``guards.history``; playbooks.history decides them)."""
+
+    SAME_GPU = "same_gpu"  # the same GPU failing again within the window: hardware, keep it out
+    SAME_XID = "same_xid"  # the same XID on different GPUs of one node: software or the application
+    REMEDIATIONS = "remediations"  # this many remediations of one node within the window: no return by itself
+
+
+@dataclass(frozen=True)
+class HistoryRule:
+    """One history rule of a playbook; ``shadow`` records what it would decide and changes nothing."""
+
+    name: HistoryRuleName
+    times: int  # same_gpu: incidents on the GPU; same_xid: distinct GPUs; remediations: remediations
+    window: float
+    shadow: bool = False
+    then: tuple[Step, ...] = ()  # same_gpu: the plan instead (the hardware inspection plan by default)
+
+
 @dataclass(frozen=True)
 class Guards:
     """What keeps a playbook from doing harm when it fires too often or too widely."""
@@ -148,6 +167,7 @@ class Guards:
     # (a reset_gpu): plan ``repeat_then`` instead (hardware inspection), not the fix again.
     repeat_after: str | None = None
     repeat_then: tuple[Step, ...] = ()
+    history: tuple[HistoryRule, ...] = ()  # rules over the node's and GPU's history (playbooks.history)
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,10 @@ class Playbook:
     settle: float = 0.0  # gather symptoms this long before planning
     dedup_window: float = 600.0  # an open incident absorbs new symptoms until quiet this long
     replaces: str | None = None  # the shipped playbook this one is used instead of
+    # ``blame: collectives``: the ranks' collective records, when they name a culprit, decide the node
+    # acted on (before the "one silent node" rule), and ``on_blame`` (if given) is the plan then.
+    blame: bool = False
+    blame_plan: tuple[Step, ...] = ()
     source: str = ""
     line: int = 0
 

@@ -34,6 +34,10 @@ class Incident(msgspec.Struct, kw_only=True):
     recovered_at: float | None = None
     closed_at: float | None = None
     notes: list[str] = []  # what the engine decided about it, in order
+    # The nodes the ranks' collective records name as the cause (the ranks that never entered the
+    # collective the others wait in), and the sentence saying so; empty when no record was read.
+    blamed: list[str] = []
+    blame_why: str = ""
 
 
 class PlannedStep(msgspec.Struct, kw_only=True):

@@ -30,6 +30,8 @@ from playbooks.model import (
     ConditionTrigger,
     EventTrigger,
     Guards,
+    HistoryRule,
+    HistoryRuleName,
     LogTrigger,
     MetricTrigger,
     Playbook,
@@ -52,7 +54,9 @@ class PlaybookError:
 
 
 _PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window",
-                  "replaces")
+                  "replaces", "blame", "on_blame")
+# What ``blame:`` may name: the evidence that decides which node a hang incident acts on.
+_BLAME_SOURCES: tuple[str, ...] = ("collectives",)
 _TRIGGER_KEYS = ("event", "match", "count", "within", "distinct", "share", "metric", "for", "log", "source",
                  "condition", "missed")
 _MATCH_KEYS = ("code", "severity", "message", "details", "resolution", "blame")
@@ -366,8 +370,10 @@ def _step(c: _Checker, node: Node, index: int) -> Step | None:
 
 
 def _guards(c: _Checker, node: Node) -> Guards:
-    keys = c.mapping(node, ("cooldown", "blast_radius", "rate_limit", "repeat"), "guards")
+    keys = c.mapping(node, ("cooldown", "blast_radius", "rate_limit", "repeat", "history"), "guards")
     fields: dict[str, Any] = {}
+    if "history" in keys:
+        fields["history"] = _history(c, keys["history"][1])
     if "cooldown" in keys:
         fields["cooldown"] = c.duration(keys["cooldown"][1], "guards.cooldown") or 0.0
     if "blast_radius" in keys:
@@ -431,6 +437,40 @@ def _repeat_after(c: _Checker, sub: dict[str, tuple[Node, Node]], fields: dict[s
     fields["repeat_then"] = then
 
 
+# Each history rule's defaults: (times, window).
+_HISTORY_DEFAULTS: dict[HistoryRuleName, tuple[int, float]] = {
+    HistoryRuleName.SAME_GPU: (2, 7 * 86400.0),
+    HistoryRuleName.SAME_XID: (2, 86400.0),
+    HistoryRuleName.REMEDIATIONS: (3, 7 * 86400.0),
+}
+
+
+def _history(c: _Checker, node: Node) -> tuple[HistoryRule, ...]:
+    """``history: {same_gpu: {times, window, shadow, then}, same_xid: {...}, remediations: {...}}``."""
+    names = tuple(r.value for r in HistoryRuleName)
+    rules: list[HistoryRule] = []
+    for name, (_, value) in c.mapping(node, names, "guards.history").items():
+        what = f"guards.history.{name}"
+        allowed = ("times", "window", "shadow") + (("then",) if name == HistoryRuleName.SAME_GPU else ())
+        sub = c.mapping(value, allowed, what) if not (isinstance(value, ScalarNode) and value.value == "") else {}
+        rule = HistoryRuleName(name)
+        times, window = _HISTORY_DEFAULTS[rule]
+        if "times" in sub:
+            times = c.positive_int(sub["times"][1], f"{what}.times") or times
+        if "window" in sub:
+            window = c.duration(sub["window"][1], f"{what}.window") or window
+        shadow = bool(c.scalar(sub["shadow"][1], bool, f"{what}.shadow")) if "shadow" in sub else False
+        then: tuple[Step, ...] = INSPECTION_PLAN if rule == HistoryRuleName.SAME_GPU else ()
+        if "then" in sub:
+            tnode = sub["then"][1]
+            if not isinstance(tnode, SequenceNode) or not tnode.value:
+                c.error(tnode, f"{what}.then must be a non-empty list of steps")
+            else:
+                then = tuple(s for s in (_step(c, n, i) for i, n in enumerate(tnode.value)) if s is not None)
+        rules.append(HistoryRule(rule, times, window, shadow, then))
+    return tuple(rules)
+
+
 def _playbook(c: _Checker, node: Node) -> Playbook | None:
     before = len(c.errors)
     keys = c.mapping(node, _PLAYBOOK_KEYS, "playbook")
@@ -476,12 +516,28 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
             steps = [s for s in (_step(c, n, i) for i, n in enumerate(plan_node.value)) if s is not None]
     if "guards" in keys:
         fields["guards"] = _guards(c, keys["guards"][1])
+    if "blame" in keys:
+        fields["blame"] = c.choice(keys["blame"][1], _BLAME_SOURCES, "blame") is not None
+    if "on_blame" in keys:
+        blame_node = keys["on_blame"][1]
+        if not fields.get("blame"):
+            c.error(keys["on_blame"][0], "on_blame is the plan when the collective records blame a node; "
+                                         "it needs blame: collectives")
+        if not isinstance(blame_node, SequenceNode) or not blame_node.value:
+            c.error(blame_node, "on_blame must be a non-empty list of steps")
+        else:
+            fields["blame_plan"] = tuple(s for s in (_step(c, n, i) for i, n in enumerate(blame_node.value))
+                                         if s is not None)
     if fields.get("target") == "cause" and fields.get("scope", "node") != "job":
         c.error(keys["target"][1], "target: cause looks for the node behind a job-wide symptom; it needs scope: job")
     guards = fields.get("guards")
-    gpu_steps = [s for s in (*steps, *(guards.repeat_then if guards else ())) if s.action in GPU_STEPS]
+    gpu_steps = [s for s in (*steps, *(guards.repeat_then if guards else ()), *fields.get("blame_plan", ()))
+                 if s.action in GPU_STEPS]
     if gpu_steps and fields.get("scope", "node") != "gpu":
         c.error(keys["plan"][1], f"{gpu_steps[0].action} acts on the incident's GPU; it needs scope: gpu")
+    per_gpu = [r.name for r in (guards.history if guards else ()) if r.name != HistoryRuleName.REMEDIATIONS]
+    if per_gpu and fields.get("scope", "node") != "gpu":
+        c.error(keys["guards"][1], f"guards.history.{per_gpu[0]} reads the incident's GPU; it needs scope: gpu")
     if isinstance(trigger, MetricTrigger) and trigger.condition.per_gpu is False and fields.get("scope") == "gpu":
         c.error(keys["scope"][1], f"scope gpu needs a gpu.* metric; {trigger.condition.metric} is read per node")
     if len(c.errors) > before or name is None or trigger is None:

@@ -1,4 +1,4 @@
-"""Seed a restarted console's engine from the incident store: open incidents and what the guards remember."""
+"""Seed a restarted console's engine from the incident store: open incidents, what the guards remember, history."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from playbooks.history import HistoryKind
 from playbooks.model import ACTING_STEPS, REMOVING_STEPS, Playbook
 from playbooks.store import IncidentStore, StepRecord
 
@@ -21,6 +22,8 @@ class SeedSummary:
     reopened: list[str] = field(default_factory=list)  # incidents open again, absorbing new symptoms
     acted: list[str] = field(default_factory=list)  # incidents whose plan went back into the guard ledger
     removed: list[str] = field(default_factory=list)  # nodes our plans took out of the job
+    history: int = 0  # history rows (incidents, remediations, returns, verdicts) the history rules read again
+    repeats: int = 0  # earlier ``repeat.after`` steps the repeat rule counts again
 
 
 def memory_window(playbooks: tuple[Playbook, ...]) -> float:
@@ -33,6 +36,7 @@ def memory_window(playbooks: tuple[Playbook, ...]) -> float:
             spans.append(g.rate_window)
         if g.repeat_max is not None:
             spans.append(g.repeat_window)
+        spans += [rule.window for rule in g.history]
     return max(spans)
 
 
@@ -52,6 +56,10 @@ def seed_engine(engine: Engine, store: IncidentStore, now: float) -> SeedSummary
     """
     summary = SeedSummary()
     playbooks = {pb.name: pb for pb in engine.playbooks}
+    rows = store.history(since=now - max(memory_window(engine.playbooks), engine.history.keep))
+    engine.history.load(rows)
+    summary.history = len(rows)
+    codes = {e.incident: e.code for e in rows if e.kind == HistoryKind.INCIDENT}
     for record in store.incidents_since(now - memory_window(engine.playbooks)):
         pb = playbooks.get(record.playbook)
         incident = store.stored_incident(record.id)
@@ -68,14 +76,20 @@ def seed_engine(engine: Engine, store: IncidentStore, now: float) -> SeedSummary
             at = min(s.planned.at for s in acting)
             engine.ledger.record(pb.name, key, any(s.step in ACTING_STEPS for s in acting), removed, at)
             summary.acted.append(incident.id)
+        after = pb.guards.repeat_after
+        if after is not None and any(s.step == after for s in acting):
+            # The same XID back after this fix counts it again (the engine keys on the code, kept in the history).
+            engine.remember_fix(pb.name, key, codes.get(incident.id), min(s.planned.at for s in acting))
+            summary.repeats += 1
         open_again = (record.state != "resolved" and incident.state in ("open", "pending")
                       and now - max(incident.last_seen_at, incident.opened_at) <= pb.dedup_window)
         engine.adopt(incident, key, removed, _restart(acting), open_again)
         if open_again:
             summary.reopened.append(incident.id)
         summary.removed += [n for n in removed if n not in summary.removed]
-    logger.info("engine seeded from {}: {} incidents open again, {} plans in the guards' memory, nodes out: {}",
-                store.path, len(summary.reopened), len(summary.acted), ", ".join(summary.removed) or "none")
+    logger.info("engine seeded from {}: {} incidents open again, {} plans in the guards' memory ({} repeated fixes), "
+                "{} history rows, nodes out: {}", store.path, len(summary.reopened), len(summary.acted),
+                summary.repeats, summary.history, ", ".join(summary.removed) or "none")
     return summary
 
 

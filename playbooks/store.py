@@ -9,6 +9,12 @@ read-only) is kept in memory, the store says so (``trouble``, ``on_trouble``)
 and the writes land, in order, once the disk takes them again; a row that does
 not decode is skipped and reported by file and row; a database of another
 program or of a newer gridwatch is refused in one sentence (``StoreError``).
+
+Each node's and GPU's history (playbooks.history) is kept in the table
+``history``: every incident, every step that changed something with its
+outcome, every return to service and every history rule's verdict, queried by
+node and by GPU (by UUID where the agent named it, so a GPU moved to another
+node keeps its history).
 """
 
 from __future__ import annotations
@@ -24,6 +30,17 @@ import msgspec
 from loguru import logger
 
 from playbooks.clock import Clock, SystemClock
+from playbooks.history import (
+    LEMON_WINDOW,
+    RETURN_WHAT,
+    HistoryEntry,
+    HistoryKind,
+    TrackRecord,
+    lemon_raw,
+    return_refusal,
+    summarize,
+)
+from playbooks.model import ACTING_STEPS
 from playbooks.plans import Incident, Plan, PlannedStep
 
 INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolved")
@@ -36,7 +53,8 @@ STEP_DONE_STATES: frozenset[str] = frozenset({"done", "failed", "skipped", "esca
 # PRAGMA user_version of a database this code made; a newer one is refused, 0 is a file from before versions.
 # 1 -> 2: incidents keep when their fault happened (fault_at) and the training step then (fault_step), so
 # the time to detect and to recover of each is in the file (view incident_times).
-SCHEMA_VERSION = 2
+# 2 -> 3: the history table (per node and per GPU), filled on upgrade from the incidents, steps and audit kept.
+SCHEMA_VERSION = 3
 _TABLES = frozenset({"incidents", "steps", "audit"})
 # SQLite result codes meaning "the disk will not take it now", kept for a retry (sqlite3.h).
 _RETRYABLE = frozenset({5, 6, 8, 10, 13, 14})  # BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN
@@ -63,6 +81,16 @@ CREATE TABLE IF NOT EXISTS audit (
     why TEXT NOT NULL, incident TEXT, step TEXT, phase TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_by_incident ON audit(incident, id);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL, node TEXT NOT NULL, gpu INTEGER,
+    gpu_uuid TEXT NOT NULL DEFAULT '', gpu_serial TEXT NOT NULL DEFAULT '', incident TEXT,
+    playbook TEXT NOT NULL DEFAULT '', what TEXT NOT NULL DEFAULT '', code INTEGER,
+    severity TEXT NOT NULL DEFAULT '', outcome TEXT NOT NULL DEFAULT '', verdict TEXT NOT NULL DEFAULT '',
+    shadow INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '', who TEXT NOT NULL DEFAULT '',
+    step TEXT NOT NULL DEFAULT '', ref TEXT UNIQUE
+);
+CREATE INDEX IF NOT EXISTS history_by_node ON history(node, at);
+CREATE INDEX IF NOT EXISTS history_by_gpu ON history(gpu_uuid, at);
 CREATE VIEW IF NOT EXISTS incident_times AS
     SELECT id, node, playbook, fault_at, detected_at, recovered_at,
            detected_at - fault_at AS detect_s, recovered_at - fault_at AS recover_s
@@ -70,6 +98,12 @@ CREATE VIEW IF NOT EXISTS incident_times AS
 """
 # Columns schema 2 added to incidents, with their types (a version 1 file gets them on open).
 _V2_COLUMNS: tuple[tuple[str, str], ...] = (("fault_at", "REAL"), ("fault_step", "INTEGER"))
+# What each incident cost, added to any file on open (no version bump: a reader of schema 2 ignores them).
+_COST_COLUMNS: tuple[tuple[str, str], ...] = (("steps_lost", "INTEGER"), ("gpu_hours_lost", "REAL"))
+# Who the collective records blame (a JSON list of nodes) and why, added the same way: an older
+# reader ignores them, and a row written by one keeps them empty.
+_BLAME_COLUMNS: tuple[tuple[str, str], ...] = (("blamed", "TEXT NOT NULL DEFAULT '[]'"),
+                                               ("blame_why", "TEXT NOT NULL DEFAULT ''"))
 
 
 class StoreError(ValueError):
@@ -116,6 +150,10 @@ class IncidentRecord(msgspec.Struct, kw_only=True):
     acknowledged_by: str | None
     fault_at: float | None = None  # when the fault happened, as near as the console can tell
     fault_step: int | None = None  # the job's training step then; recovered once the job trains past it
+    steps_lost: int | None = None  # steps done again because of it (known once it recovered)
+    gpu_hours_lost: float | None = None  # the job's GPUs times the training time it lost
+    blamed: list[str] = []  # the nodes the collective records name as the cause
+    blame_why: str = ""  # the records' sentence ("rank 2 on node-3 never entered all_reduce #4181; ...")
 
     @property
     def detect_s(self) -> float | None:
@@ -161,7 +199,8 @@ class AuditEntry(msgspec.Struct, kw_only=True):
 _V1_INCIDENT_COLS = ("id, playbook, node, gpu, kind, severity, scope, summary, state, silenced_until, symptoms, "
                      "detected_at, acted_at, recovered_at, resolved_at, acknowledged_by")
 # ... and the ones read.
-_INCIDENT_COLS = _V1_INCIDENT_COLS + ", " + ", ".join(name for name, _ in _V2_COLUMNS)
+_INCIDENT_COLS = _V1_INCIDENT_COLS + ", " + ", ".join(name for name, _ in (*_V2_COLUMNS, *_COST_COLUMNS,
+                                                                          *_BLAME_COLUMNS))
 _STEP_COLS = "id, incident, idx, step, target, decision, reason, state, started_at, finished_at, outcome, planned_json"
 
 
@@ -216,6 +255,12 @@ class IncidentStore:
         if tables and version < 2:
             self._migrate_to_2()
         self._db.executescript(_SCHEMA)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
+        for name, kind in (*_COST_COLUMNS, *_BLAME_COLUMNS):
+            if name not in have:
+                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {kind}")
+        if tables and version < 3:
+            self._migrate_to_3()
         if version != SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -229,6 +274,27 @@ class IncidentStore:
         self._db.execute("PRAGMA user_version=2")
         self._db.execute("COMMIT")
         logger.info("{}: incident database upgraded to schema 2", self.path)
+
+    def _migrate_to_3(self) -> None:
+        """Version 2 -> 3: the history, filled from the incidents, acting steps and returns to service kept.
+
+        A row whose time or node is not what it should be is left out of the
+        history and named (``bad_rows``); the rest carries over. Run again on
+        an open that failed half-way, it adds nothing twice (each row has a ref).
+        """
+        self._db.execute("BEGIN")
+        try:
+            for sql, params in _BACKFILL:
+                self._db.execute(sql, params)
+            self._db.execute("PRAGMA user_version=3")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        for (rowid,) in self._db.execute(f"SELECT rowid FROM incidents WHERE NOT ({_SANE_INCIDENT})").fetchall():
+            self.report_bad_row("incidents", rowid, "left out of the history: its node or detection time is unreadable")
+        logger.info("{}: incident database upgraded to schema 3 (history per node and GPU)", self.path)
 
     def _missing_columns(self) -> list[str]:
         wanted = {"incidents": [c.strip() for c in _V1_INCIDENT_COLS.split(",")] + ["incident_json"],
@@ -309,8 +375,12 @@ class IncidentStore:
     # -------------------------------------------------------------- incidents
 
     def save_plan(self, plan: Plan) -> list[StepRecord]:
-        """Record an incident and its plan, whole or not at all; steps already recorded are left as they are."""
-        ops = [self._upsert_op(plan.incident)]
+        """Record an incident and its plan, whole or not at all; steps already recorded are left as they are.
+
+        The incident and each step let change something go into the history too.
+        """
+        incident = plan.incident
+        ops = [self._upsert_op(incident)]
         for step in plan.steps:
             ops.append((
                 "INSERT OR IGNORE INTO steps (id, incident, idx, step, target, decision, reason, state, planned_json)"
@@ -318,6 +388,13 @@ class IncidentStore:
                 (step.id, step.incident, step.index, step.step, step.target, step.decision, step.reason,
                  msgspec.json.encode(step)),
             ))
+        ops.append(_history_op(HistoryEntry(kind=HistoryKind.INCIDENT, at=incident.opened_at, node=incident.node,
+                                            gpu=incident.gpu, incident=incident.id, playbook=incident.playbook,
+                                            what=incident.kind, severity=incident.severity)))
+        ops += [_history_op(HistoryEntry(kind=HistoryKind.REMEDIATION, at=step.at, node=incident.node, gpu=incident.gpu,
+                                         incident=incident.id, playbook=incident.playbook, what=step.step,
+                                         outcome="planned", step=step.id))
+                for step in plan.steps if step.decision == "act" and step.step in ACTING_STEPS]
         self._write(ops)
         return self.steps(plan.incident.id)
 
@@ -330,12 +407,13 @@ class IncidentStore:
         blob = msgspec.json.encode(incident)
         return (
             "INSERT INTO incidents (id, playbook, node, gpu, kind, severity, scope, summary, symptoms, detected_at,"
-            " recovered_at, incident_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " recovered_at, incident_json, blamed, blame_why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(id) DO UPDATE SET node=excluded.node, summary=excluded.summary,"
             " symptoms=excluded.symptoms, recovered_at=COALESCE(incidents.recovered_at, excluded.recovered_at),"
-            " incident_json=excluded.incident_json",
+            " incident_json=excluded.incident_json, blamed=excluded.blamed, blame_why=excluded.blame_why",
             (incident.id, incident.playbook, incident.node, incident.gpu, incident.kind, incident.severity,
-             incident.scope, incident.summary, incident.symptoms, incident.opened_at, incident.recovered_at, blob),
+             incident.scope, incident.summary, incident.symptoms, incident.opened_at, incident.recovered_at, blob,
+             msgspec.json.encode(incident.blamed).decode(), incident.blame_why),
         )
 
     def incident(self, incident_id: str) -> IncidentRecord | None:
@@ -402,6 +480,11 @@ class IncidentStore:
     def mark_recovered(self, incident_id: str, when: float) -> None:
         self._write([("UPDATE incidents SET recovered_at=COALESCE(recovered_at, ?) WHERE id=?", (when, incident_id))])
 
+    def mark_cost(self, incident_id: str, steps_lost: int, gpu_hours_lost: float) -> None:
+        """What the incident cost the job (console.fleet.goodput); the latest answer stays."""
+        self._write([("UPDATE incidents SET steps_lost=?, gpu_hours_lost=? WHERE id=?",
+                      (steps_lost, gpu_hours_lost, incident_id))])
+
     def mark_fault(self, incident_id: str, at: float, step: int | None) -> None:
         """When the fault behind an incident happened and the job's step then; the first answer stays."""
         self._write([("UPDATE incidents SET fault_at=COALESCE(fault_at, ?), fault_step=COALESCE(fault_step, ?)"
@@ -430,6 +513,9 @@ class IncidentStore:
             ops = [("UPDATE steps SET state=?, outcome=? WHERE id=?", (state, outcome, step_id))]
         if decision is not None:
             ops.append(("UPDATE steps SET decision=? WHERE id=?", (decision, step_id)))
+        # A step that changes something is a remediation in the history, with how it went.
+        ops.append((_REMEDIATION_FROM_STEP, (now, step_id)))
+        ops.append(("UPDATE history SET outcome=?, reason=? WHERE ref=?", (state, outcome, f"step:{step_id}")))
         self._write(ops)
 
     def unfinished(self) -> list[str]:
@@ -447,8 +533,14 @@ class IncidentStore:
                 (self.clock.now(), who, what, why, incident, step, phase, outcome))
 
     def audit(self, who: str, what: str, why: str, *, incident: str | None = None, step: str | None = None,
-              phase: str = "operator", outcome: str = "") -> int:
-        return self._write([self._audit_op(who, what, why, incident, step, phase, outcome)])
+              phase: str = "operator", outcome: str = "") -> None:
+        ops = [self._audit_op(who, what, why, incident, step, phase, outcome)]
+        if what.startswith(f"{RETURN_WHAT} ") and phase == "after":
+            # The record of a return to service is its audit row; the history keeps it per node.
+            ops.append(("INSERT INTO history (at, kind, node, incident, outcome, reason, who, ref)"
+                        " VALUES (?, 'return', ?, ?, ?, ?, ?, 'audit:' || last_insert_rowid())",
+                        (self.clock.now(), what[len(RETURN_WHAT) + 1:], incident, outcome, why, who)))
+        self._write(ops)
 
     def audit_log(self, incident: str | None = None, limit: int = 1000) -> list[AuditEntry]:
         """Oldest first, for one incident or all."""
@@ -466,6 +558,93 @@ class IncidentStore:
             except msgspec.ValidationError as exc:
                 self.report_bad_row("audit", r[0], str(exc))
         return entries
+
+    # ---------------------------------------------------------------- history
+
+    def record_history(self, entries: Iterable[HistoryEntry]) -> None:
+        """What the engine knows of an incident beyond its plan (GPU UUID, XID code, rule verdicts); verdicts audited."""
+        ops: list[Op] = []
+        for e in entries:
+            ops.append(_history_op(e))
+            if e.kind == HistoryKind.DECISION:
+                what = f"history {e.what}: {e.verdict}" + (" (shadow: nothing changed)" if e.shadow else "")
+                ops.append(self._audit_op("engine", what, e.reason, e.incident or None, None, "engine",
+                                          "recorded only" if e.shadow else "decided"))
+        if ops:
+            self._write(ops)
+
+    def history(self, node: str | None = None, *, gpu: int | None = None, gpu_uuid: str = "",
+                since: float | None = None) -> list[HistoryEntry]:
+        """History rows, oldest first: of a node; of one of its GPUs (followed by UUID, where known, across
+        nodes); of the GPU with ``gpu_uuid``; or of every node."""
+        where: list[str] = []
+        params: list[Any] = []
+        if gpu is not None and node is not None and not gpu_uuid:
+            gpu_uuid = self.gpu_uuid(node, gpu)
+        if gpu_uuid and gpu is not None and node is not None:
+            where.append("(h.gpu_uuid = ? OR (h.node = ? AND h.gpu = ? AND h.gpu_uuid = ''))")
+            params += [gpu_uuid, node, gpu]
+        elif gpu_uuid:
+            where.append("h.gpu_uuid = ?")
+            params.append(gpu_uuid)
+        elif node is not None:
+            where.append("h.node = ?")
+            params.append(node)
+            if gpu is not None:
+                where.append("h.gpu = ?")
+                params.append(gpu)
+        if since is not None:
+            where.append("h.at >= ?")
+            params.append(since)
+        sql = (f"SELECT {_HISTORY_COLS}, i.fault_at, i.recovered_at FROM history h"
+               " LEFT JOIN incidents i ON h.kind = 'incident' AND i.id = h.incident"
+               + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY h.at, h.id")
+        return [e for e in map(self._history_row, self._read.execute(sql, params).fetchall()) if e is not None]
+
+    def gpu_uuid(self, node: str, gpu: int) -> str:
+        """The UUID last recorded for GPU ``gpu`` of ``node``; '' when its agent never said."""
+        row = self._read.execute("SELECT gpu_uuid FROM history WHERE node = ? AND gpu = ? AND gpu_uuid != ''"
+                                 " ORDER BY at DESC, id DESC LIMIT 1", (node, gpu)).fetchone()
+        return str(row[0]) if row else ""
+
+    def history_nodes(self) -> list[str]:
+        """Every node with a history here."""
+        return [str(r[0]) for r in self._read.execute("SELECT DISTINCT node FROM history ORDER BY node").fetchall()]
+
+    def fleet_lemon(self, now: float | None = None) -> dict[str, float]:
+        """Every node's raw lemon score (playbooks.history.lemon_raw) over the last 30 days."""
+        now = self.clock.now() if now is None else now
+        by_node: dict[str, list[HistoryEntry]] = {}
+        for e in self.history(since=now - LEMON_WINDOW):
+            by_node.setdefault(e.node, []).append(e)
+        return {node: lemon_raw(rows, now) for node, rows in by_node.items()}
+
+    def node_history(self, node: str, *, gpu: int | None = None, now: float | None = None,
+                     limit: int = 20) -> TrackRecord:
+        """A node's (or one of its GPUs') history with its mean time between incidents and lemon score."""
+        now = self.clock.now() if now is None else now
+        uuid = self.gpu_uuid(node, gpu) if gpu is not None else ""
+        rows = self.history(node, gpu=gpu, gpu_uuid=uuid)
+        return summarize(node, rows, now, self.fleet_lemon(now).values(), limit, gpu, uuid)
+
+    def return_refusal(self, node: str) -> str | None:
+        """Why a history rule keeps ``node`` out of service now (one line), or None."""
+        return return_refusal(self.history(node), node)
+
+    def _history_row(self, row: tuple) -> HistoryEntry | None:
+        fields = dict(zip(_HISTORY_FIELDS, row[1:len(_HISTORY_FIELDS) + 1]))
+        if isinstance(fields["shadow"], int):
+            fields["shadow"] = bool(fields["shadow"])
+        try:
+            entry = msgspec.convert(fields, HistoryEntry)
+        except msgspec.ValidationError as exc:
+            self.report_bad_row("history", row[0], str(exc))
+            return None
+        fault_at, recovered_at = row[-2:]
+        if entry.kind == HistoryKind.INCIDENT and isinstance(fault_at, (int, float)) \
+                and isinstance(recovered_at, (int, float)):
+            entry.ttr = time_to_recover(fault_at, recovered_at)
+        return entry
 
     # -------------------------------------------------------------- internals
 
@@ -485,8 +664,9 @@ class IncidentStore:
     def _incident_row(self, row: tuple) -> IncidentRecord | None:
         fields = dict(zip([c.strip() for c in _INCIDENT_COLS.split(",")], row[1:]))
         try:
+            fields["blamed"] = msgspec.json.decode(fields.get("blamed") or "[]")
             record = msgspec.convert(fields, IncidentRecord)
-        except msgspec.ValidationError as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self.report_bad_row("incidents", row[0], str(exc))
             return None
         if record.state == "silenced" and (record.silenced_until or 0) <= self.clock.now():
@@ -502,6 +682,62 @@ class IncidentStore:
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
             self.report_bad_row("steps", row[0], str(exc))
             return None
+
+
+_HISTORY_FIELDS = ("at", "kind", "node", "gpu", "gpu_uuid", "gpu_serial", "incident", "playbook", "what", "code",
+                   "severity", "outcome", "verdict", "shadow", "reason", "who", "step")
+_HISTORY_COLS = "h.id, " + ", ".join(f"h.{c}" if c != "incident" else "COALESCE(h.incident, '')"
+                                     for c in _HISTORY_FIELDS)
+_ACTING_SQL = ", ".join(f"'{s}'" for s in sorted(ACTING_STEPS))
+_REMEDIATION_FROM_STEP = (
+    "INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, outcome, reason, step, ref)"
+    " SELECT COALESCE(s.started_at, ?), 'remediation', i.node, i.gpu, s.incident, i.playbook, s.step, s.state,"
+    " s.outcome, s.id, 'step:' || s.id FROM steps s JOIN incidents i ON i.id = s.incident"
+    f" WHERE s.id = ? AND s.decision = 'act' AND s.step IN ({_ACTING_SQL})"
+)
+# What a schema 2 row must hold to be carried into the history.
+_SANE_INCIDENT = "typeof(detected_at) IN ('real', 'integer') AND typeof(node) = 'text'"
+_BACKFILL: tuple[Op, ...] = (
+    # The XID code of an older incident is in its summary, which the engine writes as "xid N on NODE ...".
+    ("INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, code, severity, ref)"
+     " SELECT detected_at, 'incident', node, gpu, id, playbook, kind, CASE WHEN kind = 'xid' AND summary GLOB"
+     " 'xid [0-9]* *' THEN CAST(substr(summary, 5, instr(substr(summary, 5), ' ') - 1) AS INTEGER) END, severity,"
+     f" 'incident:' || id FROM incidents WHERE {_SANE_INCIDENT}", ()),
+    ("INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, outcome, reason, step, ref)"
+     " SELECT COALESCE(s.started_at, s.finished_at, i.detected_at), 'remediation', i.node, i.gpu, s.incident,"
+     " i.playbook, s.step, s.state, s.outcome, s.id, 'step:' || s.id FROM steps s JOIN incidents i ON i.id = s.incident"
+     f" WHERE s.decision = 'act' AND s.step IN ({_ACTING_SQL}) AND typeof(i.detected_at) IN ('real', 'integer')"
+     " AND typeof(i.node) = 'text'", ()),
+    ("INSERT OR IGNORE INTO history (at, kind, node, incident, outcome, reason, who, ref)"
+     " SELECT ts, 'return', substr(what, ?), incident, outcome, why, who, 'audit:' || id FROM audit"
+     " WHERE what LIKE ? AND phase = 'after' AND typeof(ts) IN ('real', 'integer')",
+     (len(RETURN_WHAT) + 2, f"{RETURN_WHAT} %")),
+)
+
+
+def _history_ref(e: HistoryEntry) -> str | None:
+    """What makes a row one of a kind, so recording it twice changes nothing (a return to service: its audit id)."""
+    if e.kind == HistoryKind.INCIDENT:
+        return f"incident:{e.incident}"
+    if e.kind == HistoryKind.REMEDIATION:
+        return f"step:{e.step}"
+    if e.kind == HistoryKind.DECISION:
+        return f"decision:{e.incident}:{e.what}"
+    return None
+
+
+def _history_op(e: HistoryEntry) -> Op:
+    # Recorded again (by the executor, or with what the engine knows), a row only gains the GPU's identity and code.
+    return (
+        "INSERT INTO history (at, kind, node, gpu, gpu_uuid, gpu_serial, incident, playbook, what, code, severity,"
+        " outcome, verdict, shadow, reason, who, step, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT(ref) DO UPDATE SET"
+        " gpu_uuid = CASE WHEN excluded.gpu_uuid != '' THEN excluded.gpu_uuid ELSE history.gpu_uuid END,"
+        " gpu_serial = CASE WHEN excluded.gpu_serial != '' THEN excluded.gpu_serial ELSE history.gpu_serial END,"
+        " code = COALESCE(history.code, excluded.code)",
+        (e.at, str(e.kind), e.node, e.gpu, e.gpu_uuid, e.gpu_serial, e.incident or None, e.playbook, e.what, e.code,
+         e.severity, e.outcome, e.verdict, int(e.shadow), e.reason, e.who, e.step, _history_ref(e)),
+    )
 
 
 def _apply(db: sqlite3.Connection, ops: list[Op]) -> int:

@@ -166,7 +166,7 @@ async def test_a_bad_request_gets_one_line_and_the_console_goes_on(
         console: Console, capsys: pytest.CaptureFixture[str]) -> None:
     for data, words in ((b"this is not json\n", "unreadable request"),
                         (b'{"verb": "reboot", "node": "node-1", "reason": "x"}\n', "unreadable request"),
-                        (b'{"verb": "return", "node": "node-1", "reason": "x", "force": true}\n', "unreadable request"),
+                        (b'{"verb": "return", "node": "node-1", "reason": "x", "then": "reboot"}\n', "unreadable request"),
                         (b'{"verb": "return", "node": "node-1", "reason": "  "}\n', "no reason given"),
                         (b'{"verb": "return", "node": "node-1", "reason": "x", "v": 9}\n', "version 9"),
                         (b"x" * 5000 + b"\n", "exceeds 4096 bytes")):

@@ -113,3 +113,15 @@ def test_profiling_fields_are_absent_where_gpm_is_not_supported(monkeypatch: pyt
         assert [s["gpu"] for s in families[name][1]] == ["1"], name
     # The rest of the A100's fields still read.
     assert [s["gpu"] for s in families["DCGM_FI_DEV_MEMORY_TEMP"][1]] == ["0", "1"]
+
+
+def test_per_link_nvlink_rates_stay_on_metrics_and_out_of_the_frames() -> None:
+    # 18 links x 2 per GPU would be 40 % of a sample that no view reads; /metrics keeps them.
+    from agents import protocol as p
+    from agents.agent import _for_the_wire
+
+    gpu = p.GpuSample(index=0, util=50.0, nvlink_link_tx_bps=[1.0] * 18, nvlink_link_rx_bps=[2.0] * 18)
+    sent = _for_the_wire(gpu)
+    assert sent.nvlink_link_tx_bps == [] and sent.nvlink_link_rx_bps == [] and sent.util == 50.0
+    assert gpu.nvlink_link_tx_bps == [1.0] * 18  # the reading /metrics exports is untouched
+    assert b"nvlink_link" not in p.encode(p.Sample(gpus=[sent]))

@@ -110,7 +110,8 @@ def test_a_nodes_install_has_no_textual_or_torch_and_the_extras_bring_them() -> 
     assert {"asyncssh", "msgspec", "psutil", "nvidia-ml-py", "prometheus-client", "loguru"} <= base
     extras = {name: _names(reqs) for name, reqs in project["optional-dependencies"].items()}
     assert {"textual", "rich"} <= extras["console"]
-    assert extras["trainer"] == {"torch"}
+    # py-spy beside torch: the agent dumps the trainer's Python stacks into a scene with it (optional there).
+    assert extras["trainer"] == {"torch", "py-spy"}
     assert project["scripts"]["gridwatch"] == "console.cli:main"
 
 

@@ -13,7 +13,7 @@ import pytest
 from console.runtime.config import ConfigError, load_cluster
 from console.runtime.core import RuntimeOptions, build_runtime
 from playbooks.loader import BUILTIN_DIR, load_with_builtin
-from playbooks.store import IncidentStore, StoreError
+from playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
 from tests.conftest import free_port
 
 PY = sys.executable
@@ -145,7 +145,7 @@ PRAGMA user_version = 1;
 """
 
 
-def test_a_schema_1_database_is_migrated_to_2_and_keeps_its_incidents(tmp_path) -> None:
+def test_a_schema_1_database_is_migrated_to_the_current_schema_and_keeps_its_incidents(tmp_path) -> None:
     db = tmp_path / "incidents.db"
     raw = sqlite3.connect(db)
     raw.executescript(_V1)
@@ -161,9 +161,9 @@ def test_a_schema_1_database_is_migrated_to_2_and_keeps_its_incidents(tmp_path) 
     finally:
         store.close()
     check = sqlite3.connect(db)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert check.execute("SELECT detect_s, recover_s FROM incident_times").fetchone() == (0.5, 9.5)
-    check.execute("PRAGMA user_version = 3")
+    check.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     check.commit()
     check.close()
     with pytest.raises(StoreError, match="newer gridwatch"):

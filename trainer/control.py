@@ -21,12 +21,13 @@ import pwd
 import socket
 import struct
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from agents.protocol import Event, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
+from agents.protocol import Event, Text, TrainerStatus, clean_text, text_dec_hook, text_enc_hook
 
 SOCKET_ENV = "GRIDWATCH_TRAINER_SOCKET"
 # The trainer's uid, for an agent that runs as another user (a member of the trainer's control group).
@@ -35,10 +36,60 @@ TRAINER_UID_ENV = "GRIDWATCH_TRAINER_UID"
 MAX_MESSAGE_BYTES = 1 << 16
 
 STATUS = "status"
+# Reads answered from the control thread at once, even while the loop is stuck in a collective.
+COLLECTIVES = "collectives"  # the rank's collective record (args: {"limit": N})
+STACKS = "stacks"  # every thread's Python stack, as faulthandler prints it
+READ_COMMANDS: frozenset[str] = frozenset({STATUS, COLLECTIVES, STACKS})
 CONTROL_COMMANDS: frozenset[str] = frozenset(
     {"checkpoint_now", "pause", "resume", "leave", "restart_from"}
 )
-COMMANDS: frozenset[str] = CONTROL_COMMANDS | {STATUS}
+COMMANDS: frozenset[str] = CONTROL_COMMANDS | READ_COMMANDS
+# Entries of a collective record a dump returns at most (the newest): keeps a reply under its limit.
+MAX_DUMP_ENTRIES = 512
+
+
+class CollectiveState(StrEnum):
+    """Where one collective is on a rank, as torch's Flight Recorder names it (plus ``failed``)."""
+
+    SCHEDULED = "scheduled"  # the rank called it; it has not started moving data
+    STARTED = "started"  # it runs: the rank waits in it for its peers
+    COMPLETED = "completed"
+    FAILED = "failed"  # it raised (a timeout, a peer that closed)
+
+
+class CollectiveEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One collective on one rank: matched across ranks by (``pg``, ``seq``)."""
+
+    pg: Text  # the process group's name, the same on every member
+    seq: int  # 1, 2, ... per process group, in call order (as NCCL's SeqNum)
+    op: Text  # all_reduce, all_gather, broadcast, barrier
+    numel: int = 0
+    dtype: Text = Text("")
+    state: CollectiveState
+    scheduled_at: float  # the rank's wall clock
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: Text = Text("")
+
+
+class ProcessGroupInfo(msgspec.Struct, kw_only=True):
+    """A process group this rank is (or was) in: its name, order, this rank's rank and every member's node."""
+
+    name: Text
+    ordinal: int  # a later group has a larger one (the job's generation)
+    rank: int
+    members: list[Text] = []  # node of each rank, in rank order
+
+
+class CollectiveRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A rank's bounded ring of its newest collectives, as the ``collectives`` command returns it."""
+
+    node: Text
+    pid: int
+    now: float  # the rank's wall clock when it answered: how long an entry has waited
+    groups: list[ProcessGroupInfo] = []
+    entries: list[CollectiveEntry] = []
+    dropped: int = 0  # entries older than the ring holds
 
 
 class ControlRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -54,6 +105,8 @@ class ControlReply(msgspec.Struct, kw_only=True, omit_defaults=True):
     ok: bool
     message: str = ""
     status: TrainerStatus | None = None
+    collectives: CollectiveRecord | None = None
+    stacks: list[Text] = []  # one line each: every line of node text is cleaned alone
 
 
 class TrainerUnavailable(OSError):
@@ -153,7 +206,17 @@ def decode_request(line: bytes) -> ControlRequest:
         raise ValueError(f"unknown command {clean_text(req.cmd, 40)!r}; known: {known}")
     if req.cmd == "restart_from":
         restart_target(req.args)
+    if req.cmd == COLLECTIVES:
+        dump_limit(req.args)
     return req
+
+
+def dump_limit(args: dict[str, Any]) -> int:
+    """How many entries a ``collectives`` request asks for (1..MAX_DUMP_ENTRIES; default all)."""
+    limit = args.get("limit", MAX_DUMP_ENTRIES)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"collectives: limit must be a positive whole number, got {clean_text(str(limit), 40)!r}")
+    return min(limit, MAX_DUMP_ENTRIES)
 
 
 @dataclass(frozen=True)
@@ -283,6 +346,22 @@ async def read_status(socket_path: str, timeout: float = 2.0) -> TrainerStatus:
     if not reply.ok or reply.status is None:
         raise TrainerUnavailable(f"trainer at {socket_path} refused status: {reply.message}")
     return reply.status
+
+
+async def read_collectives(socket_path: str, limit: int = MAX_DUMP_ENTRIES, timeout: float = 2.0) -> CollectiveRecord:
+    """The trainer's newest ``limit`` collectives; raises :class:`TrainerUnavailable` if they cannot be read."""
+    reply = await request(socket_path, COLLECTIVES, {"limit": limit}, timeout)
+    if not reply.ok or reply.collectives is None:
+        raise TrainerUnavailable(f"trainer at {socket_path} gave no collective record: {reply.message}")
+    return reply.collectives
+
+
+async def read_stacks(socket_path: str, timeout: float = 2.0) -> list[str]:
+    """Every thread's Python stack, as the trainer's own control thread prints it."""
+    reply = await request(socket_path, STACKS, None, timeout)
+    if not reply.ok:
+        raise TrainerUnavailable(f"trainer at {socket_path} gave no stacks: {reply.message}")
+    return [str(line) for line in reply.stacks]
 
 
 def events_after(status: TrainerStatus, seq: int) -> list[Event]:

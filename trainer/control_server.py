@@ -18,17 +18,24 @@ import queue
 import secrets
 import socket
 import socketserver
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from loguru import logger
 
 from agents.protocol import TrainerStatus
+from agents.protocol import Text
 from trainer.control import (
+    COLLECTIVES,
     MAX_MESSAGE_BYTES,
+    STACKS,
     STATUS,
+    CollectiveRecord,
+    dump_limit,
     ControlReply,
     ControlRequest,
     Peer,
@@ -73,6 +80,19 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 
 
 REFUSAL_LOG_S = 60.0
+MAX_STACK_LINES = 400  # a reply stays far below the client's limit
+
+
+def thread_stacks() -> list[str]:
+    """Every thread's Python stack, newest call last, as faulthandler prints them (read from this thread)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines: list[str] = []
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"Thread {ident:#x} ({names.get(ident, '?')}) (most recent call first):")
+        for fs in reversed(traceback.extract_stack(frame)):
+            lines.append(f'  File "{fs.filename}", line {fs.lineno} in {fs.name}')
+        lines.append("")
+    return lines[:MAX_STACK_LINES]
 
 
 def resolve_group(name: str) -> int:
@@ -93,9 +113,11 @@ class ControlServer:
     """
 
     def __init__(self, path: str, status_fn: Callable[[], TrainerStatus], node: str = "", group: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 collectives_fn: Callable[[int], CollectiveRecord] | None = None) -> None:
         self.path = path
         self._status_fn = status_fn
+        self._collectives_fn = collectives_fn
         self._queue: queue.SimpleQueue[ControlRequest] = queue.SimpleQueue()
         self._log = logger.bind(node=node)
         self._server: _Server | None = None
@@ -203,6 +225,15 @@ class ControlServer:
         except ValueError as exc:
             self._log.warning("control socket: {}", exc)
             return ControlReply(ok=False, message=str(exc))
+        if req.cmd == COLLECTIVES:
+            if self._collectives_fn is None:
+                return ControlReply(ok=False, message="this trainer keeps no collective record")
+            try:
+                return ControlReply(ok=True, collectives=self._collectives_fn(dump_limit(req.args)))
+            except Exception as exc:  # a read must never take the server down
+                return ControlReply(ok=False, message=f"collective record unavailable: {exc}")
+        if req.cmd == STACKS:
+            return ControlReply(ok=True, stacks=[Text(line) for line in thread_stacks()])
         if req.cmd == STATUS:
             try:
                 return ControlReply(ok=True, status=self._status_fn())

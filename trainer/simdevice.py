@@ -14,7 +14,8 @@ step; the hook reads the node's fault file and
   restarted one trains (the node is healthy);
 - thermal: every step takes longer, as at throttled clocks (a straggler);
 - a link flap: collectives slow down, then fail with NCCL's network error;
-- a hang: stuck in the next collective until the fault is cleared.
+- a hang: stuck in the next collective (called, never started) until the fault is cleared;
+- a spin (no GPU fault): the training thread loops in Python before its next collective.
 
 Lines that torch, NCCL and CUDA would print go to the worker's stderr (the
 trainer's log), in the formats of real logs; the source of each is beside it.
@@ -117,8 +118,8 @@ class SimDevice:
             self._die(DeviceFault.ECC_DBE, "loss.backward()")
         if state.has(DeviceFault.LOST) is not None:
             self._lost(leave_asked)
-        if state.has(DeviceFault.HANG) is not None:
-            self._hang()
+        if state.has(DeviceFault.SPIN) is not None:
+            self._spin()
         flap = state.has(DeviceFault.LINK_FLAP)
         if flap is not None and flap.seq not in self.flaps_failed:
             self._flap(flap.at, flap.seq)
@@ -141,10 +142,22 @@ class SimDevice:
             self.sleep(POLL_S)
         self._die(DeviceFault.LOST, "dist.all_reduce(grads)")
 
-    def _hang(self) -> None:
-        self.log.warning("simulated GPU hang: stuck in the next collective until the fault is cleared")
+    def in_collective(self) -> None:
+        """Where a collective has been called but not started: a hung GPU never starts it (the peers wait in it)."""
+        if self.state().has(DeviceFault.HANG) is None:
+            return
+        self.log.warning("simulated GPU hang: stuck in the collective until the fault is cleared")
         while self.state().has(DeviceFault.HANG) is not None:
             self.sleep(POLL_S)
+
+    def _spin(self) -> None:
+        # Busy in Python, as a host-side loop that never ends would be: the interpreter
+        # switches threads between bytecodes, so the control thread still answers.
+        self.log.warning("simulated spin: the training thread loops before its next collective until cleared")
+        while self.state().has(DeviceFault.SPIN) is not None:
+            deadline = time.monotonic() + POLL_S
+            while time.monotonic() < deadline:
+                pass
 
     def _flap(self, at: float, seq: int) -> None:
         if self.clock() - at < FLAP_SLOW_S:

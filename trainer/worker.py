@@ -31,6 +31,7 @@ from trainer.config import TrainConfig, read_config, release_tier0
 from trainer.control import restart_target, socket_path
 from trainer.control_server import ControlServer
 from trainer.corpus import build_corpus
+from trainer.flight import FlightRecorder
 from trainer.group import Membership
 from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
 from trainer.membership import STORE_ENV, Generation
@@ -98,6 +99,9 @@ class Worker:
         self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
         self.prev_time = 0.0
         self.members: list[str] = all_gather_object(node, str) if membership is None else [node]
+        self.flight = FlightRecorder(node)
+        if membership is None:
+            self.flight.join("world", 0, self.rank, self.members)
         # status, read by the control thread
         self.phase = "starting"
         self.loss: float | None = None
@@ -109,7 +113,8 @@ class Worker:
         self._event_seq = int(time.time() * 1000)  # grows across restarts of this node's trainer
         self._lock = threading.Lock()
         self.ckpt = TieredCheckpointer(cfg, node, self._on_saved)
-        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node, group=cfg.control_group)
+        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node, group=cfg.control_group,
+                                    collectives_fn=self.flight.dump)
         self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
         self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
         self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
@@ -202,7 +207,7 @@ class Worker:
         """Every rank together: gather all RNG states, then copy the state out (the only stall)."""
         rng = torch.get_rng_state()
         all_rng = [torch.empty_like(rng) for _ in range(self.world)]
-        dist.all_gather(all_rng, rng)
+        self.flight.run("all_gather", rng, lambda: dist.all_gather(all_rng, rng))
         state = dict(self.live)
         state.update({f"rng.rank{r}": t for r, t in enumerate(all_rng)})
         every2 = max(1, self.cfg.tier2_every)
@@ -255,7 +260,8 @@ class Worker:
             vec[_GEN] = self.membership.newest()
         if self.paused:
             vec[_PAUSED] = 1
-        dist.all_reduce(vec, op=dist.ReduceOp.MAX)
+        self.flight.run("all_reduce", vec, lambda: dist.all_reduce(vec, op=dist.ReduceOp.MAX),
+                        before_start=self.sim.in_collective if self.sim is not None else None)
         return vec
 
     def _restart_done(self, args: dict[str, object]) -> bool:
@@ -386,6 +392,7 @@ class Worker:
                 self.membership.form(gen, self.backend, _pg_timeout(self.cfg, membership=True))
                 self._adopt()
                 self.members = list(gen.members)
+                self.flight.join(f"gen{gen.gen}", gen.gen, self.rank, self.members)
                 self._line_up(gen)
                 watchdog.cancel()
                 break
@@ -485,8 +492,8 @@ class Worker:
         stats[g_count + self.rank] = self.prev_time
         # Each slot is filled by one rank and zero elsewhere, so the sum is exact and
         # the per-slot sum below adds in the same order on any world size.
-        dist.all_reduce(grads)
-        dist.all_reduce(stats)
+        self.flight.run("all_reduce", grads, lambda: dist.all_reduce(grads))
+        self.flight.run("all_reduce", stats, lambda: dist.all_reduce(stats))
         mean = grads.sum(dim=0).div_(g_count)
         loss_value = float(stats[:g_count].sum().item() / g_count)
         if cfg.fault_nan_step and self.step + 1 == cfg.fault_nan_step:

@@ -19,6 +19,7 @@ and came back ``flap_count`` times within ``flap_window_s`` is ``ib_link_flap``
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import random
 import re
@@ -77,6 +78,11 @@ ERROR_COUNTERS: dict[str, int | None] = {
 }
 # Fatal on any increment, whatever the rate: the link went down and training traffic with it.
 FATAL_COUNTERS = frozenset({"link_downed"})
+# The error counters in the order the wire lists them, each with the value it saturates at (None: 64-bit).
+# Judged once per port per tick, so walked from here rather than by sorting every counter a port has.
+_ERROR_ORDER: tuple[tuple[str, Text, int | None], ...] = tuple(
+    (name, Text(name), None if width is None else (1 << width) - 1) for name, width in sorted(ERROR_COUNTERS.items())
+)
 
 # sysfs file -> node_exporter metric (collector/infiniband_linux.go), labels device and port.
 _COUNTER_METRICS: dict[str, tuple[str, str]] = {
@@ -398,9 +404,17 @@ class IbJudge:
             device=Text(port.device), port=port.port, state=_text(port.state), phys_state=_text(port.phys_state),
             rate_gbps=port.rate_gbps, link_layer=_text(port.link_layer),
         )
-        sample.errors = {Text(k): v for k, v in sorted(counters.items()) if k in ERROR_COUNTERS and v}
-        sample.saturated = [Text(k) for k, v in sorted(counters.items())
-                            if (width := ERROR_COUNTERS.get(k)) is not None and v >= (1 << width) - 1]
+        errors: dict[Text, int] = {}
+        saturated: list[Text] = []
+        for name, text, ceiling in _ERROR_ORDER:
+            value = counters.get(name)
+            if value is None:
+                continue
+            if value:
+                errors[text] = value
+            if ceiling is not None and value >= ceiling:
+                saturated.append(text)
+        sample.errors, sample.saturated = errors, saturated
         mem = self._memory.get(key)
         events: list[Event] = []
         if mem is None:  # the first reading is the baseline: nothing to compare yet
@@ -409,12 +423,21 @@ class IbJudge:
                 self._memory[key].phase, self._memory[key].down_since = FlapPhase.DOWN, now
             return sample, events
         dt = now - mem.at
-        deltas = _deltas(mem.counters, counters)
+        before = mem.counters
         if dt > 0:
             for name, word_bps in (("port_rcv_data", "rx_bps"), ("port_xmit_data", "tx_bps")):
-                if name in deltas:
-                    setattr(sample, word_bps, deltas[name] * DATA_WORD_BYTES / dt)
-        sample.deltas = {Text(k): v for k, v in sorted(deltas.items()) if k in ERROR_COUNTERS and v > 0}
+                grown = _grown(before, counters, name)
+                if grown is not None:
+                    setattr(sample, word_bps, grown * DATA_WORD_BYTES / dt)
+        deltas: dict[Text, int] = {}
+        for name, text, _ in _ERROR_ORDER:
+            last = before.get(name)
+            if last is None or counters.get(name, last) == last:
+                continue  # not read both times, or unchanged: most counters, most ticks
+            grown = _grown(before, counters, name)
+            if grown is not None and grown > 0:
+                deltas[text] = grown
+        sample.deltas = deltas
         events += self._state_events(port, mem, sample, now)
         events += self._error_events(port, mem, sample, dt)
         mem.counters, mem.at = counters, now
@@ -494,16 +517,13 @@ class IbJudge:
         )
 
 
-def _deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """Growth of each counter read both times; a counter that went backwards was cleared, so it grew by its value."""
-    out: dict[str, int] = {}
-    for name, value in after.items():
-        last = before.get(name)
-        if last is None:
-            continue
-        # IBA counters saturate rather than wrap; one lower than before was reset (perfquery -R, driver reload).
-        out[name] = value - last if value >= last else value
-    return out
+def _grown(before: dict[str, int], after: dict[str, int], name: str) -> int | None:
+    """Growth of one counter read both times (None if not); one that went backwards was cleared, so it grew by its value."""
+    value, last = after.get(name), before.get(name)
+    if value is None or last is None:
+        return None
+    # IBA counters saturate rather than wrap; one lower than before was reset (perfquery -R, driver reload).
+    return value - last if value >= last else value
 
 
 def _span(seconds: float) -> str:
@@ -511,7 +531,13 @@ def _span(seconds: float) -> str:
 
 
 def _text(value: str | None) -> Text | None:
-    return None if value is None else Text(clean_text(value, 100))
+    return None if value is None else _clean_short(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _clean_short(value: str) -> Text:
+    # States, physical states and link layers come from a handful of words: cleaned once each, not every tick.
+    return Text(clean_text(value, 100))
 
 
 # --------------------------------------------------------------------------- the source
@@ -529,6 +555,7 @@ class IbSource:
 
     Blocking: a sysfs read can hang in the driver (a wedged firmware command),
     so the agent reads it in its own thread under the source deadline.
+    Simulated ports are numbers in memory: read inline, as a thread would cost more than the read.
     """
 
     name = "infiniband"
@@ -538,6 +565,7 @@ class IbSource:
         self.reader = reader
         self.judge = judge or IbJudge()
         self.simulated = reader.simulated
+        self.blocking = not reader.simulated
         self.last: list[IbPort] = []  # swapped whole each read: /metrics reads it from its own thread
         self._unreadable: set[str] = set()  # files reported unreadable, until they read again
 

@@ -120,6 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_node(sub)  # node return|isolate: through the running console's control socket
 
+    from console.cli.history import register as register_history
+
+    register_history(sub)  # history NODE [--gpu N]: from the incident database
+
 
 def _keys_init(args: argparse.Namespace) -> int:
     from agents.keys import init_keys

@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="what a playbook's drain_node step tells (default none: the step is skipped)")
     demo.add_argument("--alertmanager", metavar="URL",
                       help="page through Alertmanager: every notify step also posts there")
+    demo.add_argument("--metrics", metavar="HOST:PORT",
+                      help="serve the console's own Prometheus /metrics (goodput, incidents, actions) here")
+    demo.add_argument("--etcd", metavar="URL", action="append", default=[],
+                      help="share the acting with other consoles through etcd (repeatable): the demo's console "
+                           "campaigns for the lead; one attached with the demo's cluster.toml observes until "
+                           "you take over there (key L)")
     demo.add_argument("--watch-only", action="store_true",
                       help="playbooks make incidents but send no step that acts (isolate, restart, ...): a baseline")
     demo.set_defaults(func=_demo)
@@ -95,7 +101,11 @@ def _demo(args: argparse.Namespace) -> int:
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
         skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only, scheduler=args.scheduler,
+        etcd=tuple(args.etcd),
     )
+    if any(not u.startswith(("http://", "https://")) for u in args.etcd):
+        print(f"gridwatch demo: --etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}", file=sys.stderr)
+        return EXIT_ERROR
     if args.alertmanager:
         from playbooks.notify import check_alertmanager_url
 
@@ -104,11 +114,19 @@ def _demo(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"gridwatch demo: --alertmanager: {exc}", file=sys.stderr)
             return EXIT_ERROR
+    if args.metrics:
+        from console.runtime.metrics import parse_metrics_addr
+
+        try:
+            parse_metrics_addr(args.metrics, "--metrics")
+        except ValueError as exc:
+            print(f"gridwatch demo: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     _quiet_logs(args.dir)
     try:
         if args.headless:
-            return asyncio.run(_headless(options, args.duration or 60.0, args.json, args.alertmanager))
-        return asyncio.run(_with_console(options, args.duration, args.alertmanager))
+            return asyncio.run(_headless(options, args.duration or 60.0, args.json, args.alertmanager, args.metrics))
+        return asyncio.run(_with_console(options, args.duration, args.alertmanager, args.metrics))
     except KeyboardInterrupt:
         return 130
 
@@ -141,15 +159,26 @@ def _cancel_on_sigterm() -> None:
             pass
 
 
-def _page(session: DemoSession, alertmanager: str | None) -> None:
-    """With ``--alertmanager``: the demo's notify steps fire alerts there too, as a console's do."""
+def _page(session: DemoSession, alertmanager: str | None, metrics: str | None = None) -> None:
+    """With ``--alertmanager``: the demo's notify steps fire alerts there too, as a console's do.
+
+    With ``--metrics``: the demo's runtime serves its /metrics there (RuntimeError when the port is taken).
+    """
     if alertmanager and session.runtime is not None:
         from console.runtime.core import page_through_alertmanager
 
         page_through_alertmanager(session.runtime, alertmanager)
+    if metrics and session.runtime is not None:
+        from console.runtime.metrics import serve_metrics
+
+        try:
+            serve_metrics(session.runtime, metrics)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
 
 
-async def _headless(options: DemoOptions, duration: float, as_json: bool, alertmanager: str | None = None) -> int:
+async def _headless(options: DemoOptions, duration: float, as_json: bool, alertmanager: str | None = None,
+                    metrics: str | None = None) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
     from console.demo.summary import render
@@ -159,7 +188,7 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool, alertm
     summary = None
     try:
         await session.start()
-        _page(session, alertmanager)
+        _page(session, alertmanager, metrics)
         await session.attach()
         await session.wait_connected()
         _say(f"demo: running headless for {duration:g} s (Ctrl-C stops it)")
@@ -168,6 +197,10 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool, alertm
         except asyncio.CancelledError:
             _say("demo: stopping early")
         summary = session.summary()
+        if session.runtime is not None:
+            from console.demo.summary import with_goodput
+
+            summary = with_goodput(summary, session.runtime)
     except (ClusterError, TimeoutError, RuntimeError, OSError) as exc:
         _say(f"gridwatch demo: {exc}")
         return EXIT_ERROR
@@ -182,7 +215,8 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool, alertm
     return EXIT_OK
 
 
-async def _with_console(options: DemoOptions, duration: float | None, alertmanager: str | None = None) -> int:
+async def _with_console(options: DemoOptions, duration: float | None, alertmanager: str | None = None,
+                        metrics: str | None = None) -> int:
     from console.demo.cluster import ClusterError
     from console.demo.session import DemoSession
 
@@ -202,7 +236,7 @@ async def _with_console(options: DemoOptions, duration: float | None, alertmanag
     session = DemoSession(options, say=say)
     try:
         await session.start()
-        _page(session, alertmanager)
+        _page(session, alertmanager, metrics)
         session.say = lines.append  # the screen owns the terminal from here on
         assert session.runtime is not None
         # The screen starts and stops the session's runtime, as `gridwatch console` does its own.

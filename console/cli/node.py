@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         where.add_argument("--db", metavar="PATH", help="the console's incident database: the socket is beside it")
         ap.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="how long to wait for the console's answer (default 120)")
+        if verb == "return":
+            ap.add_argument("--force", action="store_true",
+                            help="return it even though a history rule keeps it out (too many remediations); audited")
         ap.set_defaults(func=_node, verb=verb)
     node.set_defaults(func=lambda a: (node.print_help(), EXIT_ERROR)[1])
 
@@ -88,7 +91,8 @@ def _node(args: argparse.Namespace) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     operator = args.operator or os.environ.get("SUDO_USER") or getpass.getuser()
-    request = NodeRequest(verb=NodeVerb(args.verb), node=args.node, reason=args.reason, operator=operator)
+    request = NodeRequest(verb=NodeVerb(args.verb), node=args.node, reason=args.reason, operator=operator,
+                          force=bool(getattr(args, "force", False)))
     try:
         reply = asyncio.run(send(path, request, timeout=args.timeout))
     except ControlError as exc:

@@ -24,8 +24,11 @@ cluster.toml (paths are relative to the file):
   scheduler = "slurm"                 # optional: none (default) | slurm | kubernetes, for drain_node
   operator = "alice"                  # optional: who you are in the audit log (default: your login)
   connect_timeout = 5.0               # optional: seconds to reach an agent before trying again
-  etcd = ["http://10.0.0.1:2379"]     # reserved: which of several consoles acts (not used yet)
+  etcd = "http://10.0.0.1:2379"       # optional: several consoles, one acts (an etcd lease); or a list
+  cluster = "train-a"                 # optional: the name they share the lead under (default: from nodes)
   alertmanager = "http://am:9093"     # optional: notify steps page through Alertmanager too
+  metrics = "127.0.0.1:9400"          # optional: the console's own /metrics (goodput, incidents, actions)
+  prometheus = "http://prom:9090"     # optional: the fleet from Prometheus too (nodes may then be left out)
 An unknown key or a wrong type is one line naming the file and the key; exit 2.
 
 keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME)
@@ -42,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap = sub.add_parser("console", help="the operator console (Textual), or --headless as a service",
                         description="Watch and act on a fleet of gridwatch agents.", epilog=EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_target_options(ap)
+    add_target_options(ap, required=False)  # --prometheus alone is a fleet too
     ap.add_argument("--read-only", action="store_true", help="no action that changes anything exists")
     ap.add_argument("--headless", action="store_true", help="no screen: run the engine and print what happens")
     ap.add_argument("--db", metavar="PATH", help=f"incident database (default {default_db()})")
@@ -55,6 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="headless: where `gridwatch node return|isolate` reaches this console (default: beside the db)")
     ap.add_argument("--alertmanager", metavar="URL",
                     help="page through Alertmanager: every notify step also posts there (default: cluster.toml's)")
+    ap.add_argument("--metrics", metavar="HOST:PORT",
+                    help="serve the console's own Prometheus /metrics (goodput, incidents, actions) here "
+                         "(default: cluster.toml's)")
+    ap.add_argument("--prometheus", metavar="URL",
+                    help="read the fleet from a Prometheus query API too (Thanos, VictoriaMetrics, Mimir alike; "
+                         "default: cluster.toml's); agents, where listed, still carry events and actions")
+    ap.add_argument("--etcd", metavar="URL", action="append",
+                    help="share the acting with the cluster's other consoles: one leads through an etcd lease, the "
+                         "others observe (repeatable; default: cluster.toml's). An interactive console observes "
+                         "until you take over (key L)")
     ap.set_defaults(func=_console)
 
 
@@ -63,8 +76,15 @@ def _console(args: argparse.Namespace) -> int:
     from console.runtime.core import RuntimeOptions, build_runtime
 
     try:
-        endpoints, key, known = resolve_targets(args)
-        config = cluster_config(args) or ClusterConfig(nodes=args.nodes)
+        config = cluster_config(args) or ClusterConfig(nodes=args.nodes or "")
+        prometheus = args.prometheus or config.prometheus
+        if not config.node_spec.strip():
+            if not prometheus:
+                raise ValueError("no fleet: give --nodes SPEC, --cluster FILE or --prometheus URL")
+            endpoints: list = []  # no agent to log in to
+            key, known = args.key or "", args.known_hosts or ""
+        else:
+            endpoints, key, known = resolve_targets(args)
         db = args.db or config.db or default_db()
         # The database says which nodes failed how and who did what: a folder of its own, private.
         Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -73,8 +93,26 @@ def _console(args: argparse.Namespace) -> int:
                            "playbook_paths": [*config.playbook_paths, *args.playbooks]}
         if args.operator:
             overrides["operator"] = args.operator
+        if args.etcd:
+            if any(not u.startswith(("http://", "https://")) for u in args.etcd):
+                raise ValueError(f"--etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}")
+            overrides["etcd"] = list(args.etcd)
+        # A service campaigns for the lead; an operator's screen observes until told to take over.
+        overrides["campaign"] = bool(args.headless)
+        if prometheus:
+            from console.fleet.prometheus import check_prometheus_url
+
+            try:
+                overrides["prometheus"] = check_prometheus_url(prometheus)
+            except ValueError as exc:
+                raise ValueError(f"--prometheus: {exc}") from None
         if args.scheduler:
             overrides["scheduler"] = args.scheduler
+        if args.metrics:
+            from console.runtime.metrics import parse_metrics_addr
+
+            parse_metrics_addr(args.metrics, "--metrics")
+            overrides["metrics"] = args.metrics
         if args.alertmanager:
             from playbooks.notify import check_alertmanager_url
 
@@ -130,6 +168,9 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
     node_count = len(getattr(runtime.fleet, "links", {}) or {})
     print(clean_text(f"console: {node_count} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
                      + (", read-only" if runtime.read_only_flag else "")), flush=True)
+    if runtime.election is not None:
+        # One line each time this console's role changes: "leader (token 42)", "observer; host-2 leads".
+        runtime.election.on_change.append(lambda standing: print(clean_text(standing.line), flush=True))
     await runtime.start()
     from console.runtime.control import ControlError, ControlServer
 
@@ -151,6 +192,7 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     links: dict[str, str] = {}
     seen_incidents: set[str] = set()
+    blames: dict[str, str] = {}  # incident -> the blame last printed
     trainers = (0, False)  # nodes reporting a trainer, and whether it had a step, as last said
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -174,6 +216,11 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
                     if row.id not in seen_incidents:
                         seen_incidents.add(row.id)
                         print(clean_text(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]"),
+                              flush=True)
+                    # Who is to blame often comes after the incident (the records are read when a hang is suspected).
+                    if row.blamed and blames.get(row.id) != row.blame_why:
+                        blames[row.id] = row.blame_why
+                        print(clean_text(f"incident {row.id} blames {', '.join(row.blamed)}: {row.blame_why}"),
                               flush=True)
             # The job as the console sees it, when the count of nodes reporting a trainer changes (a node
             # out, a node back): not each step, which the trainer's own metrics keep.

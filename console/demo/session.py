@@ -42,6 +42,9 @@ class DemoOptions:
     act: bool = True  # False: incidents are made, but no step that changes the job or a node is sent
     scheduler: str = "none"  # what drain_node tells: none | slurm | kubernetes
     operator: str = "demo-operator"  # who acts, in the audit log
+    # etcd endpoints: the demo's console campaigns for the lead, and a console attached with its
+    # cluster.toml shares the acting with it (one leads, the others observe).
+    etcd: tuple[str, ...] = ()
 
 
 class DemoSession:
@@ -88,11 +91,12 @@ class DemoSession:
         path = write_cluster(self.dir / "cluster.toml", ClusterConfig(
             nodes=[n.endpoint for n in state.nodes], key=str(Path(state.operator_key).resolve()),
             known_hosts=str(Path(state.known_hosts).resolve()), db=str((self.dir / "incidents.db").resolve()),
-            scheduler=self.options.scheduler, operator=self.options.operator))
+            scheduler=self.options.scheduler, operator=self.options.operator, etcd=list(self.options.etcd)))
         try:
             options = RuntimeOptions.from_cluster(
                 load_cluster(path), backoff_max=2.0, tick_interval=self.options.tick_interval,
-                acting=self.options.act, skip_playbooks=self.options.skip_playbooks, stop_wait=5.0)
+                acting=self.options.act, skip_playbooks=self.options.skip_playbooks, stop_wait=5.0,
+                etcd=list(self.options.etcd))
             runtime = build_runtime(options)
         except ValueError as exc:
             raise RuntimeError(str(exc)) from None
@@ -103,6 +107,9 @@ class DemoSession:
         hooks.link.append(self._on_status)
         hooks.alert.append(lambda why: self._progress(why or "alert cleared"))
         hooks.recovered.append(self._on_recovered)
+        if runtime.election is not None:
+            # A line each time the demo's console changes role, as a headless console prints.
+            runtime.election.on_change.append(lambda standing: self._progress(standing.line))
         self.runtime, self.fleet, self.store, self.engine = runtime, runtime.fleet, runtime.plan_store, runtime.engine
         mode = "active" if self.options.act else "watching only (no step that acts is sent)"
         count = len(runtime.engine.playbooks) if runtime.engine is not None else 0

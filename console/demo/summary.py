@@ -1,13 +1,18 @@
-"""What a demo run shows at the end: faults, detection and recovery times, steps lost, goodput."""
+"""What a demo run shows at the end: faults, detection and recovery times, steps lost, goodput and where time went."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from console.demo.progress import StepPoint
+from console.fleet.goodput import Breakdown, GoodputTracker, IncidentSpan, TimeUse
+
+if TYPE_CHECKING:
+    from console.runtime.core import ConsoleRuntime
 
 # An incident is the answer to a fault on its node if it opened within this long after it.
 MATCH_WINDOW_S = 60.0
@@ -48,6 +53,22 @@ class IncidentSummary(msgspec.Struct, kw_only=True):
     detected_s: float | None
     recovered_s: float | None
     actions: list[str]
+    steps_lost: int | None = None  # steps done again because of it, as the console saw the job
+    gpu_hours_lost: float | None = None  # the job's GPUs times the training time it lost
+
+
+class WindowSummary(msgspec.Struct, kw_only=True):
+    """Where a stretch of the run went: seconds per use (productive and each loss), adding up to ``wall_s``."""
+
+    wall_s: float
+    goodput: float | None
+    seconds: dict[str, float]
+
+
+class GoodputSummary(WindowSummary, kw_only=True):
+    """The run's breakdown, as the console saw the trainers, and its last 1, 5 and 15 minutes."""
+
+    windows: dict[str, WindowSummary] = {}
 
 
 class DemoSummary(msgspec.Struct, kw_only=True):
@@ -64,6 +85,10 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     recover_median_s: float | None = None
     recover_worst_s: float | None = None
     notes: list[str] = []
+    goodput_breakdown: GoodputSummary | None = None
+    mttd_s: float | None = None  # mean time to detect, over the console's incidents
+    mttr_s: float | None = None  # mean time to recover
+    mtbf_s: float | None = None  # the run's wall time over its incidents
 
 
 def steps_lost(points: list[StepPoint]) -> int:
@@ -186,6 +211,45 @@ def summarize(faults: list[FaultRecord], incidents: list[IncidentFacts], points:
     )
 
 
+def _window(breakdown: Breakdown) -> WindowSummary:
+    good = breakdown.goodput
+    return WindowSummary(wall_s=round(breakdown.wall_s, 3), goodput=round(good, 4) if good is not None else None,
+                         seconds={use.value: round(breakdown.seconds[use], 3) for use in TimeUse})
+
+
+def breakdown_summary(tracker: GoodputTracker, now: float | None = None) -> GoodputSummary | None:
+    """The tracker's run and windows for the summary; None when no trainer ever reported."""
+    windows = tracker.windows(now)
+    run = windows.pop("run")
+    if run.goodput is None:
+        return None
+    whole = _window(run)
+    return GoodputSummary(wall_s=whole.wall_s, goodput=whole.goodput, seconds=whole.seconds,
+                          windows={name: _window(b) for name, b in windows.items()})
+
+
+def with_goodput(summary: DemoSummary, runtime: ConsoleRuntime) -> DemoSummary:
+    """``summary`` with the runtime's goodput breakdown, each incident's cost, and MTTD, MTTR, MTBF."""
+    tracker = runtime.goodput
+    spans = {span.id: span for span in runtime.incident_spans()}
+    rows = []
+    for row in summary.incidents:
+        span = spans.get(row.id)
+        if span is None:
+            rows.append(row)
+            continue
+        cost = tracker.cost(span)
+        rows.append(msgspec.structs.replace(row, steps_lost=cost.steps_lost,
+                                            gpu_hours_lost=round(cost.gpu_hours_lost, 6)))
+    rel = tracker.reliability(list(spans.values()))
+    return msgspec.structs.replace(summary, incidents=rows, goodput_breakdown=breakdown_summary(tracker),
+                                   mttd_s=_round(rel.mttd_s), mttr_s=_round(rel.mttr_s), mtbf_s=_round(rel.mtbf_s))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -204,5 +268,12 @@ def render(summary: DemoSummary) -> list[str]:
     paced = "" if summary.paced_goodput is None else f" ({summary.paced_goodput * 100:.1f} % at the typical step pace)"
     lines.append(f"training: last step {summary.steps if summary.steps is not None else '-'}, "
                  f"steps lost {summary.steps_lost}, goodput {good}{paced}")
+    if summary.goodput_breakdown is not None:
+        gb = summary.goodput_breakdown
+        spent = ", ".join(f"{use} {seconds:.0f} s" for use, seconds in
+                          sorted(gb.seconds.items(), key=lambda item: -item[1]) if seconds > 0)
+        lines.append(f"where the time went ({gb.wall_s:.0f} s, goodput "
+                     f"{'-' if gb.goodput is None else f'{gb.goodput * 100:.1f} %'}): {spent}")
+        lines.append(f"MTTD {_s(summary.mttd_s)}, MTTR {_s(summary.mttr_s)}, MTBF {_s(summary.mtbf_s)}")
     lines.extend(f"note: {note}" for note in summary.notes)
     return lines

@@ -89,6 +89,8 @@ class NodeLink:
     bad_frames: int = 0
     hello: p.Hello | None = None
     want_logs: bool = False
+    want_full: bool = False  # full samples: an operator has this node open
+    every: float = 0.0  # seconds between the summaries it sends (their ``every``); 0: one per sample
     attempts: int = 0
     newer_protocol_noted: bool = False
     pinned: str | None = None  # the node name its first hello gave; later frames must carry it
@@ -112,6 +114,11 @@ class FleetOptions:
     backoff_max: float = 30.0
     stale_intervals: float = p.STALE_AFTER_INTERVALS  # no frame within this many intervals: stale
     dead_intervals: float = 10.0  # ... this many: drop the connection and reconnect
+    # The console's runtime asks summaries (and full samples for the nodes an operator opens,
+    # subscribe_full); a bare Fleet (``gridwatch tail``) gets every sample whole.
+    mode: p.StreamMode = p.StreamMode.FULL
+    summary_every: float = 0.0  # seconds between a node's summaries; 0: one per sample
+    watches: list[p.Watch] = field(default_factory=list)  # conditions the agents evaluate for the engine
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
@@ -224,9 +231,14 @@ class Fleet:
         return True
 
     async def action(
-        self, node: str, action: str, args: dict[str, Any] | None = None, reason: str = "", timeout: float = 30.0
+        self, node: str, action: str, args: dict[str, Any] | None = None, reason: str = "", timeout: float = 30.0,
+        fence: int | None = None, key: str | None = None,
     ) -> p.ActionResult:
-        """Ask one agent to act; the reply, or a failed result saying why there was none."""
+        """Ask one agent to act; the reply, or a failed result saying why there was none.
+
+        ``fence`` is the leading console's fencing token and ``key`` the step's idempotency
+        key (docs/protocol.md); a console alone sends neither.
+        """
         link = self.find(node)
         req_id = uuid.uuid4().hex[:12]
 
@@ -238,7 +250,8 @@ class Fleet:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = (link.endpoint, fut)
         try:
-            frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason))
+            frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason),
+                             fence=fence, key=p.Text(key) if key is not None else None)
             if not self._send(link, frame):
                 return failed(f"{link.name} is not connected ({link.state}: {link.last_error or 'no connection'})")
             return await asyncio.wait_for(fut, timeout)
@@ -285,12 +298,34 @@ class Fleet:
         results.sort(key=lambda line: line.line_ts)
         return results[-limit:] if limit else results
 
+    def subscription(self, link: NodeLink, resume_from: int | None) -> p.Subscribe:
+        """What this link asks for: summaries (or full samples while its node is open), logs, the watches."""
+        o = self.options
+        mode = p.StreamMode.FULL if link.want_full else o.mode
+        return p.Subscribe(resume_from=resume_from, logs=link.want_logs, mode=mode,
+                           every=o.summary_every if mode is p.StreamMode.SUMMARY else 0.0, watches=o.watches)
+
     def subscribe_logs(self, node: str, on: bool) -> None:
         link = self.find(node)
         if link is None:
             return
-        link.want_logs = on
-        self._send(link, p.Subscribe(resume_from=link.last_seq or None, logs=on))
+        # Logs are streamed for the nodes an operator looks at: those get full samples too.
+        link.want_logs = link.want_full = on
+        self._send(link, self.subscription(link, link.last_seq or None))
+
+    def subscribe_full(self, node: str, on: bool) -> None:
+        """Full samples from ``node`` while an operator looks at it; summaries again after."""
+        link = self.find(node)
+        if link is None or link.want_full == on:
+            return
+        link.want_full = on
+        self._send(link, self.subscription(link, link.last_seq or None))
+
+    def set_watches(self, watches: list[p.Watch]) -> None:
+        """Conditions every agent should evaluate (the loaded playbooks'); sent to every connected agent now."""
+        self.options.watches = list(watches)
+        for link in self.links.values():
+            self._send(link, self.subscription(link, link.last_seq or None))
 
     # ------------------------------------------------------------ connection
 
@@ -375,7 +410,7 @@ class Fleet:
         # No resume point means "start live"; a restarted agent is read from its first frame.
         resume_from = 0 if link.read_from_start else (link.last_seq or None)
         link.read_from_start = False
-        if not self._send(link, p.Subscribe(resume_from=resume_from, logs=link.want_logs)):
+        if not self._send(link, self.subscription(link, resume_from)):
             raise ConnectionError("the agent closed the stream after its hello")
         self._set(link, LinkState.CONNECTED, None)
         while True:
@@ -508,8 +543,19 @@ class Fleet:
         elif frame.seq:
             if frame.seq <= link.last_seq:
                 return  # already seen (a resume overlapped)
-            if link.last_seq and frame.seq > link.last_seq + 1:
-                link.gaps += frame.seq - link.last_seq - 1
+            # A summary says which frame it follows: the samples between were folded into it, not lost.
+            # Between summaries folded samples leave holes before events too; the next summary's
+            # ``after`` tells whether a frame went missing there.
+            if isinstance(frame, p.Summary):
+                follows = min(frame.after, frame.seq - 1)
+            else:
+                follows = link.last_seq if link.every > 0 else frame.seq - 1
+            if link.last_seq and follows > link.last_seq:
+                link.gaps += follows - link.last_seq
+            if isinstance(frame, p.Summary):
+                link.every = frame.every
+            elif isinstance(frame, p.Sample):
+                link.every = 0.0
             link.last_seq = frame.seq
         self.on_frame(link, frame)
 
@@ -520,7 +566,7 @@ class Fleet:
             for link in self.links.values():
                 if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
                     continue
-                interval = link.hello.interval if link.hello else 1.0
+                interval = max(link.hello.interval if link.hello else 1.0, link.every)
                 silent = now - link.last_frame_at
                 if silent > o.dead_intervals * interval:
                     conn = self._conns.get(link.endpoint)

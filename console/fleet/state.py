@@ -14,7 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import tzinfo
 from enum import StrEnum
-from typing import Iterable
+from typing import Callable, Generic, Iterable, Sequence, TypeVar, overload
 
 from agents.protocol import (
     ActionResult,
@@ -26,6 +26,7 @@ from agents.protocol import (
     Hello,
     LogLine,
     Sample,
+    Summary,
     SEVERITIES,
     STALE_AFTER_INTERVALS,
     Severity,
@@ -132,6 +133,20 @@ def gpu_metric(gpu: GpuSample, metric: Metric, xids: int = 0) -> float | None:
     return min(max(used / total, 0.0), 1.0)
 
 
+def worst_of(agg: GpuAggregate, metric: Metric) -> float | None:
+    """The node's hottest GPU on ``metric``'s 0..1 scale (as :func:`gpu_metric`), from its aggregate: O(1) a tick."""
+    if metric is Metric.HEALTH:
+        return 1.0 if agg.bad else (0.5 if agg.degraded else (0.0 if agg.gpus else None))
+    if metric is Metric.UTIL:
+        return None if agg.util_max is None else min(max(agg.util_max / 100.0, 0.0), 1.0)
+    if metric is Metric.TEMP:
+        lo, hi = _TEMP_RANGE
+        return None if agg.temp_max is None else min(max((agg.temp_max - lo) / (hi - lo), 0.0), 1.0)
+    if metric is Metric.POWER:
+        return None if agg.power_max is None else min(max(agg.power_max / _POWER_MAX_W, 0.0), 1.0)
+    return agg.mem_max
+
+
 # ---------------------------------------------------------------------------- nodes
 
 
@@ -177,6 +192,11 @@ class GpuAggregate:
     rx_bps: float | None = None
     tx_bps: float | None = None
     step_time_s: float | None = None
+    # The worst GPU per metric (healthy GPUs only, as the heatmap colours them): a node's one cell when zoomed out.
+    util_max: float | None = None
+    power_max: float | None = None
+    mem_max: float | None = None  # 0..1
+    degraded: bool = False
 
 
 def aggregate(sample: Sample, xids: Counter[int]) -> GpuAggregate:
@@ -188,18 +208,28 @@ def aggregate(sample: Sample, xids: Counter[int]) -> GpuAggregate:
     used = total = 0.0
     for gpu in sample.gpus:
         agg.gpus += 1
-        if gpu_health(gpu, xids.get(gpu.index, 0)) >= 1.0:
+        health = gpu_health(gpu, xids.get(gpu.index, 0))
+        if health >= 1.0:
             agg.bad += 1
+        elif health > 0.0:
+            agg.degraded = True
+        ok = gpu.state == "ok"
         if gpu.util is not None:
             util_sum += gpu.util
             util_n += 1
+            if ok and (agg.util_max is None or gpu.util > agg.util_max):
+                agg.util_max = gpu.util
         if gpu.temp_c is not None and (temp is None or gpu.temp_c > temp):
             temp = gpu.temp_c
         if gpu.power_w is not None:
             power = (power or 0.0) + gpu.power_w
+            if ok and (agg.power_max is None or gpu.power_w > agg.power_max):
+                agg.power_max = gpu.power_w
         if gpu.mem_used_mb is not None and gpu.mem_total_mb:
             used += gpu.mem_used_mb
             total += gpu.mem_total_mb
+            if ok and (agg.mem_max is None or gpu.mem_used_mb / gpu.mem_total_mb > agg.mem_max):
+                agg.mem_max = min(max(gpu.mem_used_mb / gpu.mem_total_mb, 0.0), 1.0)
     agg.util = util_sum / util_n if util_n else None
     agg.temp_max, agg.power_w = temp, power
     agg.mem_pct = 100.0 * used / total if total else None
@@ -397,6 +427,53 @@ class HeatmapNode:
                 self._values = [None] * self.gpus
         return self._values
 
+    @property
+    def worst(self) -> float | None:
+        """The node's worst GPU (its one cell when the heatmap is zoomed out), from the aggregate made per sample."""
+        node = self._node
+        if node.sample is None:
+            return None
+        if node.agg is None:
+            node.agg = aggregate(node.sample, node.xids)
+        return worst_of(node.agg, self._metric)
+
+
+_T = TypeVar("_T")
+
+
+class LazyRows(Sequence[_T], Generic[_T]):
+    """Nodes in display order, each turned into its row when first read: a view draws a page of 12,500, not all."""
+
+    __slots__ = ("nodes", "_make", "_made")
+
+    def __init__(self, nodes: list[NodeState], make: Callable[[NodeState], _T]) -> None:
+        self.nodes = nodes
+        self._make = make
+        self._made: dict[int, _T] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | list[_T]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.nodes)))]
+        if index < 0:
+            index += len(self.nodes)
+        made = self._made.get(index)
+        if made is None:
+            made = self._made[index] = self._make(self.nodes[index])  # IndexError past the end, as a list
+        return made
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
 
 @dataclass(slots=True)
 class TrainingSummary:
@@ -546,6 +623,7 @@ class StateStore:
         self._names: dict[str, str] = {}  # agent-given name -> key, so lookups by name stay O(1)
         self._majority: str | None = None
         self._stack_dirty = True
+        self._by_name_order: list[NodeState] | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -555,6 +633,7 @@ class StateStore:
         if state is None:
             state = self.nodes[key] = NodeState(key=key, name=name or key)
             self._names[state.name] = key
+            self._by_name_order = None
         return state
 
     def _rename(self, node: NodeState, name: str) -> None:
@@ -562,6 +641,13 @@ class StateStore:
             self._names.pop(node.name, None)
             node.name = name
             self._names[name] = node.key
+            self._by_name_order = None
+
+    def _name_order(self) -> list[NodeState]:
+        """Every node by name, sorted again only when a node comes or is renamed (not every tick)."""
+        if self._by_name_order is None:
+            self._by_name_order = sorted(self.nodes.values(), key=lambda n: n.name)
+        return self._by_name_order
 
     def set_link(
         self, key: str, state: str, *, name: str | None = None, error: str | None = None, role: str | None = None,
@@ -587,7 +673,13 @@ class StateStore:
         node.last_frame_at = now
         self.generation += 1
         if isinstance(frame, Sample):
+            if node.hello is not None and node.hello.interval > 0:
+                node.interval = node.hello.interval  # back from summaries: one a tick again
             self._apply_sample(node, frame, now)
+        elif isinstance(frame, Summary):
+            # Read as a sample (what it lacks is N/A); its cadence sets when the node counts as stale.
+            node.interval = max(node.hello.interval if node.hello and node.hello.interval > 0 else 1.0, frame.every)
+            self._apply_sample(node, frame.as_sample(), now)
         elif isinstance(frame, Event):
             self._apply_event(node, frame, now)
         elif isinstance(frame, LogLine):
@@ -770,10 +862,14 @@ class StateStore:
             preflight_failed=node.preflight is not None and not node.preflight.ok,
         )
 
-    def node_rows(self, sort: str = "name", reverse: bool = False, filter_text: str = "") -> list[NodeRow]:
+    def node_rows(self, sort: str = "name", reverse: bool = False, filter_text: str = "") -> Sequence[NodeRow]:
         """The node table: filtered by a case-insensitive substring of name, status or flags."""
         now = self.clock.now()
         needle = filter_text.strip().lower()
+        if not needle and sort == "name":
+            # The default view of a large fleet: ordered by name alone, rows made only for the page drawn.
+            order = self._name_order()
+            return LazyRows(order[::-1] if reverse else order, lambda n: self.node_row(n, now))
         rows = []
         for node in self.nodes.values():
             row = self.node_row(node, now)
@@ -786,15 +882,27 @@ class StateStore:
             rows.sort(key=lambda r: _sort_value(r, sort)[0])
         return rows
 
-    def heatmap(self, metric: Metric, only: set[str] | None = None) -> list[HeatmapNode]:
-        """Cells for the heatmap in order of first sight, limited to the names in ``only`` when given."""
+    def heatmap(self, metric: Metric, only: set[str] | None = None) -> LazyRows[HeatmapNode]:
+        """Cells for the heatmap in order of first sight, limited to the names in ``only`` when given.
+
+        Each node's cells are made when first read: only the lines on screen are drawn.
+        """
         now = self.clock.now()
-        out = []
+        nodes = list(self.nodes.values()) if only is None else [n for n in self.nodes.values() if n.name in only]
+        return LazyRows(nodes, lambda n: HeatmapNode(n, self.status(n, now), self.stack_mismatch(n), metric))
+
+    def worst_node(self, metric: Metric) -> str | None:
+        """The name of the node whose worst GPU is hottest on ``metric`` (health: failing first), or None."""
+        best: tuple[float, str] | None = None
         for node in self.nodes.values():
-            if only is not None and node.name not in only:
+            if node.sample is None:
                 continue
-            out.append(HeatmapNode(node, self.status(node, now), self.stack_mismatch(node), metric))
-        return out
+            if node.agg is None:
+                node.agg = aggregate(node.sample, node.xids)
+            value = worst_of(node.agg, metric)
+            if value is not None and (best is None or value > best[0]):
+                best = (value, node.name)
+        return best[1] if best else None
 
     def training(self) -> TrainingSummary | None:
         """The most advanced trainer status across nodes, or None when no trainer is attached."""

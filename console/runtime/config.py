@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One deployment, as cluster.toml describes it. Paths are made absolute against the file's folder."""
 
-    nodes: str | list[str]  # hostlist syntax, or a list of such strings
+    nodes: str | list[str] = ""  # hostlist syntax, or a list of such strings; may be left out with prometheus
     key: str | None = None  # private key; the agents' lists decide viewer or operator
     known_hosts: str | None = None  # pins the agents' host keys
     scheduler: str = "none"  # what drain_node tells: none | slurm | kubernetes
@@ -34,14 +34,22 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db: str | None = None  # incidents, steps and audit log (SQLite)
     playbooks: str | list[str] = []  # more playbook files or folders
     connect_timeout: float = 5.0  # seconds to reach an agent before trying again
-    # Reserved for choosing which of several consoles acts (an etcd lease): accepted and kept, not used yet.
-    etcd: list[str] = []
+    # etcd's URL (or several): consoles of this cluster elect the one that acts; without it a console acts alone.
+    etcd: str | list[str] = []
+    cluster: str | None = None  # the name the consoles share the lead under (default: derived from nodes)
     alertmanager: str | None = None  # Alertmanager's URL: notify steps page there too
+    metrics: str | None = None  # HOST:PORT where the console serves its own /metrics
+    prometheus: str | None = None  # a Prometheus query API (Thanos, VictoriaMetrics, Mimir): the fleet from it too
 
     @property
     def node_spec(self) -> str:
         """``nodes`` as one hostlist string."""
         return self.nodes if isinstance(self.nodes, str) else ",".join(self.nodes)
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        """``etcd`` as a list of endpoints."""
+        return [self.etcd] if isinstance(self.etcd, str) else list(self.etcd)
 
     @property
     def playbook_paths(self) -> list[str]:
@@ -59,8 +67,11 @@ EXPECTED: dict[str, str] = {
     "db": "a path to the incident database",
     "playbooks": "a path or a list of paths to playbook files or folders",
     "connect_timeout": "a number of seconds above 0",
-    "etcd": 'a list of etcd endpoints, e.g. ["http://10.0.0.1:2379"]',
+    "etcd": 'an http(s) URL of etcd or a list of them, e.g. "http://10.0.0.1:2379"',
+    "cluster": "a name of up to 100 letters, digits, '.', '_' or '-' (the consoles' key in etcd)",
     "alertmanager": 'an http(s) URL of Alertmanager, e.g. "http://alertmanager:9093"',
+    "metrics": 'HOST:PORT to serve the console\'s /metrics on, e.g. "127.0.0.1:9400"',
+    "prometheus": 'an http(s) URL of a Prometheus query API, e.g. "http://prometheus:9090"',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
@@ -93,17 +104,34 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
         raise ConfigError(f"{path}: {message}") from None
     if config.scheduler not in SCHEDULERS:
         raise _error(path, "scheduler", config.scheduler)
-    if not config.node_spec.strip():
+    if config.prometheus is not None:
+        from console.fleet.prometheus import check_prometheus_url
+
+        try:
+            config = msgspec.structs.replace(config, prometheus=check_prometheus_url(config.prometheus))
+        except ValueError:
+            raise _error(path, "prometheus", config.prometheus) from None
+    if not config.node_spec.strip() and config.prometheus is None:
+        if "nodes" not in data:
+            raise ConfigError(f"{path}: no 'nodes': expected {EXPECTED['nodes']} (or a prometheus URL)")
         raise _error(path, "nodes", config.nodes)
     if not math.isfinite(config.connect_timeout) or config.connect_timeout <= 0:
         raise _error(path, "connect_timeout", config.connect_timeout)
     if config.operator is not None and not config.operator.strip():
         raise _error(path, "operator", config.operator)
+    if any(not u.startswith(("http://", "https://")) for u in config.etcd_urls):
+        raise _error(path, "etcd", config.etcd)
+    if config.cluster is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", config.cluster):
+        raise _error(path, "cluster", config.cluster)
     if config.alertmanager is not None:
         try:
             config = msgspec.structs.replace(config, alertmanager=check_alertmanager_url(config.alertmanager))
         except ValueError:
             raise _error(path, "alertmanager", config.alertmanager) from None
+    if config.metrics is not None:
+        host, _sep, port = config.metrics.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise _error(path, "metrics", config.metrics)
     base = Path(path).parent
 
     def resolve(value: str | None) -> str | None:

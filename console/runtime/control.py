@@ -78,6 +78,7 @@ class NodeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: str
     reason: str
     operator: str = ""  # who, for the audit log (the peer is this console's user or root, so it is believed)
+    force: bool = False  # return a node a history rule keeps out (the override is audited)
     v: int = VERSION
 
 
@@ -257,7 +258,7 @@ class ControlServer:
             return NodeReply(outcome=Outcome.REFUSED, message=f"cannot {request.verb} {node}: this console is read-only")
         logger.bind(node=node).info("control socket: {} {} by {} (uid {}, pid {}): {}", request.verb, node, who,
                                     peer.uid, peer.pid, reason)
-        result = await runtime.node_action(node, VERB_ACTIONS[request.verb], reason, who=who)
+        result = await runtime.node_action(node, VERB_ACTIONS[request.verb], reason, who=who, force=request.force)
         message = clean_text(str(result.message), 1000)
         return NodeReply(outcome=Outcome.DONE if result.ok else Outcome.FAILED, message=message)
 

@@ -22,15 +22,20 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 import msgspec
 from loguru import logger
 
-from agents.protocol import ActionResult, Event, Frame, LogLine, Text
+from agents.protocol import ActionResult, Event, Frame, LogLine, Sample, StreamMode, Summary, Text
+from console.fleet.goodput import GoodputTracker, IncidentSpan
 from console.fleet.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
+from console.runtime.hangs import HangWatch
 from playbooks.model import MetricTrigger
 from playbooks.store import time_to_detect, time_to_recover
 
 if TYPE_CHECKING:
     from console.runtime.config import ClusterConfig
+    from console.runtime.leader import Election
     from playbooks.engine import Engine
+    from console.fleet.prometheus import PrometheusFleet
     from playbooks.notify import Alertmanager
+    from playbooks.blame_collectives import CollectiveVerdict
     from playbooks.plans import Incident, Plan
 
 
@@ -66,6 +71,8 @@ class IncidentRow:
     audit: list[AuditEntry] = field(default_factory=list)
     fault_at: float | None = None  # when the fault happened, as near as the console can tell
     fault_step: int | None = None  # the job's training step then
+    blamed: list[str] = field(default_factory=list)  # the nodes the ranks' collective records name as the cause
+    blame_why: str = ""  # the records' sentence ("rank 2 on node-3 never entered all_reduce #4181; ...")
 
     @property
     def detect_s(self) -> float | None:
@@ -141,7 +148,7 @@ class StoreIncidents:
         return IncidentRow(id=rec.id, severity=rec.severity, node=rec.node, title=rec.summary, state=rec.state,
                            detected_at=rec.detected_at, playbook=rec.playbook, acted_at=rec.acted_at,
                            recovered_at=rec.recovered_at, silenced_until=rec.silenced_until, fault_at=rec.fault_at,
-                           fault_step=rec.fault_step)
+                           fault_step=rec.fault_step, blamed=list(rec.blamed), blame_why=rec.blame_why)
 
     def incidents(self, limit: int = 200) -> list[IncidentRow]:
         rows = [self.row(rec) for rec in self.store.incidents(limit=limit)]
@@ -222,7 +229,7 @@ class FleetLike(Protocol):
     async def stop(self) -> None: ...
 
     async def action(self, node: str, action: str, args: dict | None = None, reason: str = "",
-                     timeout: float = 30.0) -> ActionResult: ...
+                     timeout: float = 30.0, fence: int | None = None, key: str | None = None) -> ActionResult: ...
 
     async def search(self, pattern: str, nodes: list[str] | None = None, since: float | None = None,
                      until: float | None = None, limit: int = 500,
@@ -269,6 +276,7 @@ class RuntimeHooks:
     recovered: list[Callable[[IncidentRow], None]] = field(default_factory=list)
     resolved: list[Callable[[str], None]] = field(default_factory=list)  # incident id
     stopping: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # awaited as the runtime stops
+    starting: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # awaited as the runtime starts
 
 
 @dataclass(slots=True)
@@ -343,7 +351,14 @@ class ConsoleRuntime:
         # (engine time before, after, the frame's own time) of recent event and log frames.
         self._symptoms: deque[tuple[float, float, float]] = deque(maxlen=_SYMPTOM_MEMORY)
         self._recoveries: dict[str, _Recovery] = {}
+        # Where the job's time went (goodput and its losses), from the trainer statuses and the incidents.
+        self.goodput = GoodputTracker(self.store.clock, incidents=self.incident_spans)
+        self.hooks.recovered.append(self._record_cost)
         self.alertmanager: Alertmanager | None = None  # set when paging through Alertmanager is configured
+        # Which of several consoles acts (console/runtime/leader.py); None: this console alone, its own leader.
+        self.election: Election | None = None
+        self.prometheus: PrometheusFleet | None = None  # set when the fleet is also read from Prometheus
+        self.hangs = HangWatch(self)  # which rank is stuck: records read when a job hangs, verdicts to the engine
 
     # ------------------------------------------------------------ frames in
 
@@ -351,6 +366,8 @@ class ConsoleRuntime:
     def on_frame(self, link: Any, frame: Frame) -> None:
         key = str(link.endpoint)
         self.store.apply(frame, key)
+        if isinstance(frame, (Sample, Summary)) and frame.trainer is not None:
+            self.goodput.observe(key, frame.trainer, len(frame.gpus))
         if self.engine is not None:
             symptom = isinstance(frame, (Event, LogLine))
             before = self.engine.clock.now() if symptom else 0.0
@@ -361,6 +378,7 @@ class ConsoleRuntime:
                 plans = []
             if symptom:
                 self._symptoms.append((before, self.engine.clock.now(), frame.ts))
+                self.hangs.on_frame(str(frame.node) or str(link.name), frame)
             if plans:
                 self._launch(plans)
         for hook in self.hooks.frame:
@@ -410,8 +428,25 @@ class ConsoleRuntime:
             plans = []
         if plans:
             self._launch(plans)
+        self.hangs.tick(self.engine.clock.now())
         if self._recoveries:
             self._check_recoveries()
+
+    def blamed(self, job: str, verdict: CollectiveVerdict) -> None:
+        """The collective records name who holds ``job`` up: the engine acts on it, the store keeps who and why."""
+        if self.engine is None:
+            return
+        plans = self.engine.hang_verdict(job, verdict)
+        planned = {p.incident.id for p in plans}
+        if self.plan_store is not None:
+            for incident in self.engine.incidents():
+                if incident.blame_why == verdict.summary and incident.id not in planned and incident.state == "open":
+                    try:
+                        self.plan_store.upsert_incident(incident)  # planned before: only who is to blame changes
+                    except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+                        logger.exception("cannot record the blame of {}", incident.id)
+        if plans:
+            self._launch(plans)
 
     async def _tick_forever(self) -> None:
         while True:
@@ -456,6 +491,8 @@ class ConsoleRuntime:
                 # The row the fault is kept on (the executor saves the same plan again, changing nothing).
                 self.plan_store.save_plan(plan)
                 self.plan_store.mark_fault(incident.id, fault_at, step)
+                if self.engine is not None:  # the GPU's UUID, the XID code, history verdicts: per node and GPU
+                    self.plan_store.record_history(self.engine.history.take(incident.id))
             except Exception:  # noqa: BLE001 - the plan still runs; the log says why
                 logger.bind(node=str(incident.node)).exception("cannot record the fault of {}", incident.id)
                 return
@@ -484,6 +521,23 @@ class ConsoleRuntime:
         if playbook is not None and isinstance(playbook.trigger, MetricTrigger):
             return opened - playbook.trigger.condition.hold
         return opened
+
+    def incident_spans(self) -> list[IncidentSpan]:
+        """Every incident's fault, detection and recovery times, as the goodput breakdown needs them."""
+        if self.incidents is None:
+            return []
+        return [IncidentSpan(r.id, r.fault_at, r.detected_at, r.recovered_at) for r in self.incidents.incidents()]
+
+    def _record_cost(self, row: IncidentRow) -> None:
+        """A recovered incident's steps lost and GPU-hours lost, kept with it in the incident store."""
+        cost = self.goodput.cost(IncidentSpan(row.id, row.fault_at, row.detected_at, row.recovered_at))
+        logger.bind(node=row.node).info("incident {} cost {} steps, {:.3f} GPU-hours", row.id, cost.steps_lost,
+                                        cost.gpu_hours_lost)
+        if self.plan_store is not None and hasattr(self.plan_store, "mark_cost"):
+            try:
+                self.plan_store.mark_cost(row.id, cost.steps_lost, cost.gpu_hours_lost)
+            except Exception:  # noqa: BLE001 - the console keeps going; the log says why
+                logger.exception("cannot record the cost of {}", row.id)
 
     def job_step(self, job: str = "") -> int | None:
         """The step ``job`` has trained to: the most advanced trainer among its nodes still in it."""
@@ -595,21 +649,43 @@ class ConsoleRuntime:
             return _refused(node, action, "this console is read-only")
         if self.fleet is None:
             return _refused(node, action, "no fleet connected")
+        from playbooks.executor import STEP_KEY
+
+        # With an election, the newest fencing token this console held and the step being run: the agent
+        # checks both. A console alone sends neither, as before there were several.
+        stamp: dict[str, Any] = {}
+        if self.election is not None:
+            stamp = {"fence": self.election.fence, "key": STEP_KEY.get()}
         try:
-            return await self.fleet.action(node, action, args, reason=reason, timeout=self.action_timeout)
+            return await self.fleet.action(node, action, args, reason=reason, timeout=self.action_timeout, **stamp)
         except Exception as exc:  # noqa: BLE001 - the operator sees why, the screen keeps going
             return _refused(node, action, f"{type(exc).__name__}: {exc}")
 
     async def node_action(self, node: str, action: str, reason: str, args: dict | None = None,
-                          who: str | None = None) -> ActionResult:
+                          who: str | None = None, force: bool = False) -> ActionResult:
         """An operator's action on one node, audited before and after like a playbook step; refused when read-only.
 
         A node put back in service (``unisolate``) is handed back to the
-        scheduler too, when the drain there is gridwatch's.
+        scheduler too, when the drain there is gridwatch's. A node a history
+        rule keeps out (playbooks.history) is refused, in one line, unless
+        ``force``; a forced return is audited with what it overrode.
         """
         who = who or self.operator
         if self.read_only:
             return _refused(node, action, "this console is read-only")
+        if self.election is not None:
+            from console.runtime.leader import observer_refusal
+
+            observing = observer_refusal(self.election)
+            if observing:
+                return _refused(node, action, observing)
+        refusal = getattr(self.plan_store, "return_refusal", None) if action == "unisolate" else None
+        kept_out = refusal(node) if refusal is not None else None
+        if kept_out and not force:
+            self._audit(who, f"{action} on {node}", reason, "operator", f"refused: {kept_out}")
+            return _refused(node, action, kept_out)
+        if kept_out:
+            self._audit(who, f"force {action} on {node}", reason, "operator", f"overrides: {kept_out}")
         what = f"{action} on {node}" + (f" {msgspec.json.encode(args).decode()}" if args else "")
         logger.bind(node=node).info("action {} by {}: {}", action, who, reason)
         self._audit(who, what, reason, "before", "")
@@ -665,12 +741,23 @@ class ConsoleRuntime:
         if self._started:
             return
         self._started = True
+        for starting in self.hooks.starting:
+            await starting()
         if self.fleet is not None:
             await self.fleet.start()
+        if self.prometheus is not None:
+            await self.prometheus.start()
         if self.engine is not None and self.tick_interval > 0:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
         self._rewatch()
-        if self.executor is not None and not self.read_only_flag:
+        if self.election is not None:
+            # Plans are carried on when (and each time) this console wins the lead: see take_lead.
+            from console.runtime.leader import follow
+
+            task = asyncio.get_running_loop().create_task(follow(self, self.election))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif self.executor is not None and not self.read_only_flag:
             # Plans a previous console left half-done carry on (steps already run are not repeated).
             task = asyncio.get_running_loop().create_task(self._resume(self.executor.resume))
             self._tasks.add(task)
@@ -708,6 +795,7 @@ class ConsoleRuntime:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        await self.hangs.stop()
         if self.executor is not None:
             await self.executor.close()  # pending drain retries stop; they stay pending in the store for the next console
         if self.fleet is not None:
@@ -842,8 +930,14 @@ class RuntimeOptions:
     acting: bool = True  # False: incidents are made, no step that changes the job or a node is sent
     skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
     stop_wait: float = 0.0  # how long running plans may finish when the runtime stops
-    etcd: list[str] = field(default_factory=list)  # reserved (which console acts); kept, not used yet
+    etcd: list[str] = field(default_factory=list)  # etcd endpoints: consoles elect which one acts (leader.py)
+    cluster: str = ""  # the name consoles share the lead under in etcd (default: derived from the node list)
+    campaign: bool = True  # False: with etcd, watch until the operator takes over (an interactive console)
+    lease_ttl: float = 5.0  # seconds the lead lasts unless renewed (every third of it)
     alertmanager: str | None = None  # Alertmanager's base URL: every notify also pages there
+    metrics: str | None = None  # HOST:PORT: the console serves its own /metrics there (console.runtime.metrics)
+    summary_every: float = 0.0  # seconds between a node's summaries (0: one per sample); open nodes send every sample
+    prometheus: str | None = None  # a Prometheus query API to read the fleet from too (agents' frames win)
 
     @classmethod
     def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
@@ -860,14 +954,20 @@ class RuntimeOptions:
                 raise ValueError(f"nodes: {exc}") from None
         key = overrides.pop("key_path", None) or config.key
         known = overrides.pop("known_hosts", None) or config.known_hosts
-        if not key:
+        prometheus = overrides.get("prometheus") or getattr(config, "prometheus", None)
+        # A fleet read from Prometheus alone talks to no agent: it needs no key.
+        agents = bool(overrides["endpoints"]) or not prometheus
+        if not key and agents:
             raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
-        if not known:
+        if not known and agents:
             raise ValueError("no known_hosts: give --known-hosts PATH (or known_hosts = ... in cluster.toml)")
+        key, known = key or "", known or ""
+        overrides.setdefault("prometheus", prometheus)
         base = cls(endpoints=overrides.pop("endpoints"), key_path=key, known_hosts=known, db_path=config.db,
                    read_only=config.read_only, operator=config.operator or getpass.getuser(),
                    playbook_paths=config.playbook_paths, scheduler=config.scheduler,
-                   connect_timeout=config.connect_timeout, etcd=list(config.etcd), alertmanager=config.alertmanager)
+                   connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
+                   cluster=config.cluster or "", metrics=config.metrics)
         return dataclasses.replace(base, **overrides)
 
 
@@ -880,6 +980,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
 
     from console.fleet.client import Fleet, FleetOptions
     from playbooks.engine import Engine as PlaybookEngine
+    from playbooks.engine import agent_watches
     from playbooks.executor import Executor
     from playbooks.loader import load_with_builtin
     from playbooks.model import SCHEDULERS
@@ -917,13 +1018,47 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     runtime.executor = executor
     if options.alertmanager:
         page_through_alertmanager(runtime, options.alertmanager, clock)
+    if options.metrics:
+        from console.runtime.metrics import serve_metrics
+
+        serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
     runtime.actor = ExecutorActor(executor, incident_store)
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
-                                 connect_timeout=options.connect_timeout, backoff_max=options.backoff_max)
-    runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)
+                                 connect_timeout=options.connect_timeout, backoff_max=options.backoff_max,
+                                 # Summaries, full samples for open nodes; the agents evaluate the
+                                 # playbooks' per-GPU metric conditions themselves.
+                                 mode=StreamMode.SUMMARY, summary_every=options.summary_every,
+                                 watches=agent_watches(result.playbooks))
+    if options.endpoints or not options.prometheus:
+        runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)
+    if options.etcd:
+        from console.runtime.leader import attach_election
+
+        attach_election(runtime, options)
+    if options.prometheus:
+        read_fleet_from_prometheus(runtime, options.prometheus)
     for endpoint in options.endpoints:
         store.set_link(str(endpoint), "connecting")
     return runtime
+
+
+def read_fleet_from_prometheus(runtime: ConsoleRuntime, url: str, **options: Any) -> PrometheusFleet:
+    """Fill ``runtime``'s store (and feed its engine) from the Prometheus query API at ``url`` too.
+
+    ``options`` are :class:`console.fleet.prometheus.PrometheusOptions` fields (interval, timeout...).
+    Raises ValueError in one sentence when ``url`` is not an http(s) address.
+    """
+    from console.fleet.prometheus import PrometheusFleet, PrometheusOptions
+
+    engine = runtime.engine
+    try:
+        fleet = PrometheusFleet(PrometheusOptions(url, **options), runtime.store, runtime.on_frame,
+                                engine.observe if engine is not None else None)
+    except ValueError as exc:
+        raise ValueError(f"prometheus: {exc}") from None
+    runtime.prometheus = fleet
+    runtime.hooks.stopping.append(fleet.stop)
+    return fleet
 
 
 def page_through_alertmanager(runtime: ConsoleRuntime, url: str, clock: Clock | None = None) -> Alertmanager:

@@ -13,7 +13,10 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from console.fleet.hostlist import HostlistError, expand
+from rich.text import Text
+
 from console.runtime.core import ConsoleRuntime
+from console.runtime.leader import take_over
 from console.tui.screens import (
     CommandLine,
     FleetScreen,
@@ -24,7 +27,8 @@ from console.tui.screens import (
     TrainingScreen,
     ViewScreen,
 )
-from console.tui.screens.command_line import COMMANDS, Verb, parse_command, usage_line
+from console.tui.screens.command_line import COMMANDS, Command, Verb, parse_command, usage_line
+from console.tui.screens.confirm import ConfirmScreen, Confirmed
 
 VIEWS: dict[str, type[ViewScreen]] = {
     Verb.LOGS: LogsScreen,
@@ -43,6 +47,8 @@ class GridwatchApp(App[None]):
     BINDINGS = [
         Binding("question_mark", "keys", "Keys"),
         Binding("colon", "command_line", "Command"),
+        # Offered only to an observer of a cluster whose consoles share the acting (etcd).
+        Binding("L", "take_over", "Take over"),
         Binding("escape", "back", "Back"),
         Binding("q", "quit", "Quit"),
     ]
@@ -57,6 +63,7 @@ class GridwatchApp(App[None]):
         self._held: list[events.Key | events.Paste] = []  # typed after ``:``, before its field had focus
         self._line_ending = False  # Enter or Escape went to a line whose command has not run yet
         self._stuck_timer: Timer | None = None
+        self._role_shown: tuple[str, bool] | None = None  # this console's standing among several, as last drawn
 
     def get_default_screen(self) -> Screen:
         return FleetScreen()
@@ -73,6 +80,11 @@ class GridwatchApp(App[None]):
     def tick(self) -> None:
         """Run the engine's clock rules, then redraw the topmost view (modals sit above it and stay put)."""
         self.runtime.tick_engine()
+        election = self.runtime.election
+        role = (election.standing.line, election.leading) if election is not None else None
+        if role != self._role_shown:
+            self._role_shown = role
+            self.refresh_bindings()  # the take-over key is offered to an observer only
         for screen in reversed(self.screen_stack):
             if isinstance(screen, ViewScreen):
                 screen.tick()
@@ -141,6 +153,8 @@ class GridwatchApp(App[None]):
             return lambda: self.run_preflight(rest or None)
         if verb is Verb.QUIT:
             return self.exit
+        if verb is Verb.TAKEOVER:
+            return self.action_take_over
         return lambda: self.show_view(verb)
 
     def set_note(self, note: str) -> None:
@@ -150,7 +164,7 @@ class GridwatchApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for entry in COMMANDS:
-            if entry.palette:
+            if entry.palette and self.offers(entry):
                 yield SystemCommand(entry.palette, entry.help[0].upper() + entry.help[1:], self._verb_action(entry.verb))
 
     # ------------------------------------------------------------ typing ahead
@@ -242,6 +256,45 @@ class GridwatchApp(App[None]):
         self.preflight_running = True
         self.set_note("pre-flight: starting")
         self.run_worker(go(), group="preflight")
+
+    def offers(self, entry: Command) -> bool:
+        """Whether this console offers a ``:`` command: take over only where consoles share the acting."""
+        return entry.verb is not Verb.TAKEOVER or self.runtime.election is not None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "take_over":
+            election = self.runtime.election
+            return election is not None and not election.leading and not self.runtime.read_only_flag
+        return True
+
+    def action_take_over(self) -> None:
+        """Take the acting over from the console that leads: confirmed, with a reason, audited."""
+        election = self.runtime.election
+        if election is None:
+            self.set_note("nothing to take over: this console has no etcd and leads alone")
+            return
+        if election.leading:
+            self.set_note(f"this console leads already ({election.standing.line})")
+            return
+        leader = election.standing.leader or "no console"
+        what = Text.assemble("take the acting over from ", (leader, "bold"),
+                             ": this console's playbooks and actions act from now on, and the agents refuse "
+                             "requests from the console that led")
+
+        def done(result: Confirmed | None) -> None:
+            if result is None:
+                return
+            if not result.reason:
+                self.set_note("take over: give a reason (it goes to the audit log)")
+                return
+
+            async def go() -> None:
+                self.set_note(await take_over(self.runtime, result.reason))
+
+            self.set_note("take over: asking etcd")
+            self.run_worker(go(), group="take-over")
+
+        self.push_screen(ConfirmScreen("Confirm take over", what), done)
 
     def run_node_action(self, node: str, action: str, reason: str) -> None:
         """Send a confirmed action to a node in the background; its outcome lands in the status bar."""

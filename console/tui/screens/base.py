@@ -79,8 +79,18 @@ class ViewScreen(Screen[None]):
         try:
             self.refresh_view()
             incidents = self.gw.open_incident_count()
+            alert = self.runtime.alert or ""
+            role, role_style = "", ""
+            election = self.runtime.election
+            if election is not None:
+                # Where this console stands among several: leader, observer and who leads, or why no one acts.
+                standing = election.standing
+                role = standing.line
+                role_style = "bold green" if election.leading else "cyan" if standing.leader else "bold yellow"
+                if alert and alert in role:
+                    alert = ""  # the role says it already
             self.query_one(StatusBar).show(
-                self.store.summary(), self.runtime.read_only, incidents, self.gw.note, self.runtime.alert or ""
+                self.store.summary(), self.runtime.read_only, incidents, self.gw.note, alert, role, role_style
             )
         except NoMatches:
             # The timer can fire while the screen's widgets are being removed (a view popped,

@@ -21,6 +21,7 @@ class Verb(StrEnum):
     INCIDENTS = "incidents"
     TRAINING = "training"
     PREFLIGHT = "preflight"
+    TAKEOVER = "takeover"
     QUIT = "quit"
 
 
@@ -66,6 +67,9 @@ COMMANDS: tuple[Command, ...] = (
     Command(Verb.PREFLIGHT, ("preflight", "pre-flight", "pf"),
             "check the connected nodes (or SPEC) now; results in the node view", Arg.OPTIONAL, "SPEC",
             palette="Pre-flight"),
+    # Listed only by a console whose cluster shares the acting through etcd (GridwatchApp.offers).
+    Command(Verb.TAKEOVER, ("takeover", "take-over"),
+            "take the acting over from the console that leads (asks for a reason; audited)", palette="Take over"),
     Command(Verb.QUIT, ("quit", "q", "exit"), "leave the console"),
 )
 

@@ -9,7 +9,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Static
 
-from console.fleet.state import SORT_KEYS, Metric, NodeRow, NodeStatus
+from console.fleet.prometheus import Panel
+from console.fleet.state import SORT_KEYS, LazyRows, Metric, NodeRow, NodeStatus
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
 from console.tui.widgets.heatmap import LEGEND, cell_style
@@ -77,6 +78,10 @@ class FleetScreen(ViewScreen):
         Binding("s", "sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
         Binding("p", "preflight", "Pre-flight now"),
+        Binding("z", "zoom", "Zoom"),
+        Binding("w", "worst", "Worst GPU"),
+        Binding("right_square_bracket", "heatmap_page(1)", "Heatmap page"),
+        Binding("left_square_bracket", "heatmap_page(-1)", "Heatmap page back", show=False),
         Binding("tab", "switch_focus", "Heatmap/table", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -107,18 +112,34 @@ class FleetScreen(ViewScreen):
         rows = self.store.node_rows(self.sort_key, self.reverse, self.filter_text)
         table = self.query_one("#node-table", TextTable)
         table.sort_key, table.sort_reverse = self.sort_key, self.reverse
-        table.set_rows(rows, [r.name for r in rows], node_cells)
-        self._show_detail({r.name: r for r in rows}.get(table.cursor_key or ""))
-        only = {r.name for r in rows} if self.filter_text else None
+        names = rows.names if isinstance(rows, LazyRows) else [r.name for r in rows]
+        table.set_rows(rows, names, node_cells)
+        # The highlighted row only: at 12,500 nodes the table makes rows for the page it draws, no more.
+        self._show_detail(rows[table.cursor] if 0 <= table.cursor < len(rows) else None)
+        only = set(names) if self.filter_text else None
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
-        legend = Text(f"colour: {self.metric} (m to change)  cold ")
+        self._show_legend(heatmap)
+        shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
+        parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  nodes", shown]
+        prom = self.runtime.prometheus
+        if prom is not None:
+            # Each panel's source in words: a Prometheus that is down or slow says so here, the rest keeps drawing.
+            bad = prom.failing(Panel.GPUS) or prom.failing(Panel.HOSTS)
+            parts.append(("  " + prom.status_line(), "bold red" if bad else "grey50"))
+        self.set_title(*parts)
+
+    def _show_legend(self, heatmap: GpuHeatmap) -> None:
+        zoom = "a cell per node: its worst GPU, a line per rack" if heatmap.zoomed else "a cell per GPU"
+        legend = Text(f"colour: {self.metric} (m)  {zoom} (z)  cold ")
         for value in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
             legend.append("█", style=cell_style(value))
-        legend.append(" hot\n" + LEGEND)
+        page, pages = heatmap.page
+        legend.append(" hot")
+        if pages > 1:
+            legend.append(f"  page {page}/{pages} ([ ] PgUp PgDn)", style="bold")
+        legend.append("\n" + LEGEND)
         self.query_one("#heatmap-legend", Static).update(legend, layout=False)
-        shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
-        self.set_title(("gridwatch", "bold"), "  nodes", shown)
 
     def _show_detail(self, row: NodeRow | None) -> None:
         """The highlighted node in one line, its error in full (the table column clips it)."""
@@ -169,6 +190,33 @@ class FleetScreen(ViewScreen):
     def action_reverse(self) -> None:
         self.reverse = not self.reverse
         self.refresh_view()
+
+    def action_zoom(self) -> None:
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        heatmap.set_zoom(not heatmap.zoomed)
+        self._show_legend(heatmap)
+
+    def action_worst(self) -> None:
+        """Jump to the node with the worst GPU on the colour's metric, wherever it is in the fleet."""
+        name = self.store.worst_node(self.metric)
+        if name is None:
+            self.gw.note = f"no GPU reports {self.metric}"
+            return
+        table = self.query_one("#node-table", TextTable)
+        if not table.move_to(name):  # hidden by the filter: show the whole fleet again
+            self.action_clear_filter()
+            table.move_to(name)
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        heatmap.highlight = name
+        heatmap.scroll_to_node(name)
+        heatmap.refresh()
+        self._show_legend(heatmap)
+
+    def action_heatmap_page(self, direction: int) -> None:
+        heatmap = self.query_one("#heatmap", GpuHeatmap)
+        step = max(heatmap.size.height, 1) * direction
+        heatmap.scroll_to(y=max(int(heatmap.scroll_y) + step, 0), animate=False, immediate=True)
+        self._show_legend(heatmap)
 
     def action_preflight(self) -> None:
         self.gw.run_preflight()

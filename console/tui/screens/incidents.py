@@ -76,6 +76,11 @@ def incident_detail(row: IncidentRow) -> Text:
     text = Text()
     text.append(row.title, style="bold")
     text.append(f"  on {row.node}  [{row.id}]\n")
+    if row.blamed:
+        # Who the ranks' collective records name, and why: the node acted on, not the ones that reported.
+        text.append("blamed     ", style="bold")
+        text.append(", ".join(row.blamed), style="bold red")
+        text.append(f"  {row.blame_why}\n" if row.blame_why else "\n")
     if row.fault_at is not None:
         step = "" if row.fault_step is None else f"  (training step {row.fault_step})"
         text.append(f"fault      {_when(row.fault_at)}{step}\n")

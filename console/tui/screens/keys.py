@@ -40,7 +40,9 @@ class KeysScreen(ModalScreen[None]):
             seen.add(key)
             self.rows.append((_key_label(key), binding.description))
         self.rows.append(("ctrl+p", "command palette"))
-        self.rows.extend((f":{entry.usage}", entry.help) for entry in COMMANDS)
+        # A command this console does not offer (take over, with no etcd) is not listed either.
+        offers = getattr(self.app, "offers", lambda entry: True)
+        self.rows.extend((f":{entry.usage}", entry.help) for entry in COMMANDS if offers(entry))
         table = Table(expand=True, show_header=False, box=None)
         table.add_column("key", style="bold cyan", width=14)
         table.add_column("does")

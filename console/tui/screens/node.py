@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich.style import Style
@@ -26,10 +27,13 @@ from console.fleet.state import (
     PatrolStatus,
     event_text,
 )
+from console.fleet.prometheus import HistoryWindow, NodeHistory, Panel
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.confirm import ConfirmScreen, Confirmed
 from console.tui.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline
 from console.tui.widgets.text_table import Cell
+from playbooks.durations import format_duration
+from playbooks.history import LEMON_AT, TrackRecord
 
 SPARK = 16
 GPU_COLUMNS = [
@@ -75,7 +79,19 @@ def _value_spark(now: float | None, series: list[float], fmt: str, lo: float | N
     return f"{value:>4} " + sparkline(series, SPARK, lo, hi)
 
 
-def gpu_cells(node: NodeState) -> tuple[list[list[Cell]], list[str]]:
+def squeeze(values: list[float], width: int) -> list[float]:
+    """``values`` averaged into ``width`` buckets (NaN where a bucket has no data), for a sparkline of a long past."""
+    if len(values) <= width:
+        return values
+    out = []
+    for i in range(width):
+        part = [v for v in values[i * len(values) // width:(i + 1) * len(values) // width] if not math.isnan(v)]
+        out.append(sum(part) / len(part) if part else math.nan)
+    return out
+
+
+def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list[list[Cell]], list[str]]:
+    """Per-GPU rows; the sparklines show ``history`` (the past hour or day from Prometheus) when given."""
     rows: list[list[Cell]] = []
     keys: list[str] = []
     sample = node.sample
@@ -85,6 +101,9 @@ def gpu_cells(node: NodeState) -> tuple[list[list[Cell]], list[str]]:
     for gpu in sample.gpus:
         hist = node.gpu_history[gpu.index] if gpu.index < len(node.gpu_history) else None
         series = (lambda m: hist.series(m)) if hist else (lambda m: [])  # noqa: E731
+        if history is not None:
+            past = history.gpus.get(gpu.index)
+            series = (lambda m: squeeze(past[m], SPARK)) if past else (lambda m: [])  # noqa: E731
         mem = 100.0 * gpu.mem_used_mb / gpu.mem_total_mb if gpu.mem_used_mb is not None and gpu.mem_total_mb else None
         sbe = "N/A" if gpu.ecc_sbe is None else str(gpu.ecc_sbe)
         dbe = "N/A" if gpu.ecc_dbe is None else str(gpu.ecc_dbe)
@@ -201,6 +220,27 @@ def checks_text(node: NodeState, now: float) -> Text:
     return text
 
 
+def history_text(history: TrackRecord, limit: int = 8) -> Text:
+    """The node's history: lemon score, mean time between incidents, and its last incidents (kind, GPU, outcome, TTR)."""
+    text = Text()
+    text.append("history", style="bold")
+    lemon = history.lemon
+    text.append(f"  lemon {lemon:.1f}", style=_BAD if lemon >= LEMON_AT else (Style(color="yellow") if lemon >= 1 else None))
+    text.append(f" (fleet median {history.fleet_median:.1f}, 30 days)")
+    mtbi = "N/A" if history.mtbi_s is None else format_duration(history.mtbi_s)
+    text.append(f"  {history.total_incidents} incidents, {history.remediations} remediated, "
+                f"{history.returns} returned  MTBI {mtbi}\n")
+    if history.kept_out:
+        text.append(f"KEPT OUT: {history.kept_out} (I forces the return)\n", style=_BAD)
+    for line in history.incidents[:limit]:
+        gpu = "-" if line.gpu is None else str(line.gpu)
+        ttr = "N/A" if line.ttr is None else format_duration(line.ttr)
+        what = line.kind + (f" {line.code}" if line.code is not None else "")
+        text.append(f"{time.strftime('%m-%d %H:%M', time.localtime(line.at))} {what:<14.14} gpu {gpu:<2} "
+                    f"TTR {ttr:<6} {line.outcome}\n")
+    return text
+
+
 def isolate_effect(action: str, scheduler: str) -> str:
     """What isolating (or putting back) really does, for the confirm dialog.
 
@@ -223,16 +263,21 @@ class NodeScreen(ViewScreen):
     """Opened with enter on a node; streams that node's log lines while open."""
 
     VIEW_NAME = "node"
-    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint"})
+    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint", "force_return"})
+    HISTORY_EVERY = 5.0  # seconds between reads of the node's history from the incident database
+    _history_read = float("-inf")  # when it was last read (the store's clock)
     BINDINGS = [
         Binding("i", "isolate", "Isolate/unisolate"),
+        Binding("I", "force_return", "Return, forced", show=False),
         Binding("c", "checkpoint", "Checkpoint now"),
+        Binding("h", "history", "Live/1h/1d"),
         Binding("tab", "app.focus_next", "Next pane", show=False),
     ]
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
         self.node_name = node_name
+        self.window = HistoryWindow.LIVE  # what the GPU sparklines show: live samples, or Prometheus's past
 
     def compose_view(self) -> ComposeResult:
         yield TextTable(GPU_COLUMNS, id="gpu-table")
@@ -240,6 +285,7 @@ class NodeScreen(ViewScreen):
             with Vertical(id="host-pane"):
                 yield PlainStatic(id="host-panel")
                 yield PlainStatic(id="node-checks")
+                yield PlainStatic(id="node-history")
             with Vertical(id="node-events-pane"):
                 yield PlainStatic(Text("recent events", style="bold"), classes="pane-title")
                 yield TextTable(EVENT_COLUMNS, id="node-events")
@@ -283,11 +329,13 @@ class NodeScreen(ViewScreen):
         error = node.link_error or node.last_error
         if error:
             parts.append(("  " + error, "red"))
+        history = self._history_part(parts)
         self.set_title(*parts)
-        rows, keys = gpu_cells(node)
+        rows, keys = gpu_cells(node, history)
         self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
         self.query_one("#host-panel", Static).update(host_text(node))
         self.query_one("#node-checks", Static).update(checks_text(node, self.store.clock.now()))
+        self._refresh_history()
         events = list(node.events)[::-1]
         self.query_one("#node-events", TextTable).set_rows(
             [[(clock_time(r.event.ts or r.received_at), None),
@@ -302,7 +350,62 @@ class NodeScreen(ViewScreen):
         if follow and logs:
             log_table.cursor = len(logs) - 1
 
+    def _refresh_history(self) -> None:
+        """The history pane, read again every HISTORY_EVERY seconds; hidden where no incident is recorded."""
+        now = self.store.clock.now()
+        if now - self._history_read < self.HISTORY_EVERY:
+            return
+        self._history_read = now
+        pane = self.query_one("#node-history", Static)
+        reader = getattr(self.runtime.plan_store, "node_history", None)
+        history: TrackRecord | None = reader(self.node_name, now=now) if reader is not None else None
+        pane.display = history is not None and history.total_incidents > 0
+        if history is not None and pane.display:
+            pane.update(history_text(history))
+
     # ---------------------------------------------------------------- actions
+
+    def action_force_return(self) -> None:
+        """Put the node back in service although a history rule keeps it out (audited with what it overrides)."""
+        what = Text.assemble("return node ", (self.node_name, "bold"), " to service, overriding the history rules",
+                             isolate_effect("unisolate", self.runtime.scheduler))
+
+        def done(result: Confirmed | None) -> None:
+            if result is None:
+                return
+
+            async def go() -> None:
+                sent = await self.runtime.node_action(self.node_name, "unisolate", result.reason, force=True)
+                self._history_read = float("-inf")
+                self.gw.set_note(f"forced return of {self.node_name}: {'ok' if sent.ok else 'failed: ' + sent.message}")
+
+            self.gw.run_worker(go(), group="node-action")
+
+        self.app.push_screen(ConfirmScreen("Confirm forced return", what), done)
+
+    def action_history(self) -> None:
+        """Live samples -> the past hour -> the past day (from Prometheus) -> live."""
+        prom = self.runtime.prometheus
+        if prom is None:
+            self.gw.set_note("no Prometheus configured: the node view shows live samples only (--prometheus URL)")
+            return
+        windows = list(HistoryWindow)
+        self.window = windows[(windows.index(self.window) + 1) % len(windows)]
+        prom.request_history(self.node_name, self.window)
+        self.refresh_view()
+
+    def _history_part(self, parts: list[str | tuple[str, str]]) -> NodeHistory | None:
+        """The history the sparklines show (None: live), its panel's state appended to the title."""
+        prom = self.runtime.prometheus
+        if prom is None or self.window is HistoryWindow.LIVE:
+            return None
+        status = prom.panels[Panel.HISTORY]
+        history = prom.history(self.node_name, self.window)
+        line = status.line(self.store.clock.now())
+        if history is None and not prom.failing(Panel.HISTORY):
+            line = f"history: asking Prometheus for the past {self.window}"
+        parts.append((f"  past {self.window}: " + line, "bold red" if prom.failing(Panel.HISTORY) else "cyan"))
+        return history
 
     def action_isolate(self) -> None:
         node = self.store.by_name(self.node_name)

@@ -1,4 +1,4 @@
-"""The training run: step, loss curve, throughput, step time per rank with stragglers, checkpoints."""
+"""The training run: step, where its time went (goodput and its losses), loss curve, step time per rank, checkpoints."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from console.fleet.goodput import LABELS, Breakdown, Reliability, TimeUse
 from console.fleet.state import TrainingSummary
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets import BraillePlot, Column, PlainStatic, TextTable, format_age
@@ -21,6 +22,14 @@ RANK_COLUMNS = [
 ]
 _STRAGGLER = Style(color="red", bold=True)
 NO_TRAINER = "no trainer attached: no node reports a trainer status"
+BAR_WIDTH = 60
+# One colour per use of time; the legend names each, so the bar reads without colour too.
+USE_STYLES: dict[TimeUse, str] = {
+    TimeUse.PRODUCTIVE: "green", TimeUse.DETECTION: "red", TimeUse.REFORM: "magenta",
+    TimeUse.RECOMPUTE: "bright_red", TimeUse.CHECKPOINT: "blue", TimeUse.RESTORE: "cyan",
+    TimeUse.WAITING: "yellow", TimeUse.STARTUP: "bright_blue", TimeUse.SLOW_STEPS: "bright_yellow",
+    TimeUse.OTHER: "grey50",
+}
 
 
 def rank_cells(summary: TrainingSummary) -> tuple[list[list[Cell]], list[str]]:
@@ -60,6 +69,49 @@ def training_text(summary: TrainingSummary) -> Text:
     return text
 
 
+def bar_cells(breakdown: Breakdown, width: int = BAR_WIDTH) -> list[tuple[TimeUse, int]]:
+    """How many of ``width`` cells each use gets (largest remainders), in the order of :class:`TimeUse`."""
+    wall = breakdown.wall_s
+    if wall <= 0:
+        return []
+    exact = [(use, width * breakdown.seconds[use] / wall) for use in TimeUse]
+    cells = {use: int(x) for use, x in exact}
+    spare = width - sum(cells.values())
+    for use, x in sorted(exact, key=lambda item: -(item[1] - int(item[1])))[:max(spare, 0)]:
+        cells[use] += 1
+    return [(use, cells[use]) for use in TimeUse if cells[use] > 0]
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value * 100:.1f} %"
+
+
+def _dur(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.1f} s"
+
+
+def goodput_text(windows: dict[str, Breakdown], reliability: Reliability) -> Text:
+    """Where the run's time went: one bar of blocks over the run, goodput per window, the losses named."""
+    run = windows["run"]
+    text = Text("where the time went", style="bold")
+    text.append(f"   goodput {_pct(run.goodput)} over {run.wall_s:.0f} s")
+    for name, window in windows.items():
+        if name != "run":
+            text.append(f"   {name} {_pct(window.goodput)}")
+    text.append("\n")
+    for use, cells in bar_cells(run):
+        text.append("\u2588" * cells, style=USE_STYLES[use])
+    text.append("\n")
+    parts = [(TimeUse.PRODUCTIVE, run.seconds[TimeUse.PRODUCTIVE]), *run.losses()] if run.wall_s > 0 else []
+    for index, (use, seconds) in enumerate(parts):
+        text.append("  " if index else "")
+        text.append("\u2588", style=USE_STYLES[use])
+        text.append(f" {LABELS[use]} {seconds:.0f} s ({run.share(use) * 100:.1f} %)")
+    text.append(f"\n{reliability.incidents} incidents   MTTD {_dur(reliability.mttd_s)}   "
+                f"MTTR {_dur(reliability.mttr_s)}   MTBF {_dur(reliability.mtbf_s)}")
+    return text
+
+
 def checkpoint_text(summary: TrainingSummary) -> Text:
     tiers = {"0": "memory", "1": "local disk", "2": "second copy"}
     text = Text("last checkpoint per tier\n", style="bold")
@@ -81,6 +133,9 @@ class TrainingScreen(ViewScreen):
 
     def compose_view(self) -> ComposeResult:
         yield PlainStatic(id="training-head")
+        goodput = PlainStatic(id="goodput")
+        goodput.styles.padding = (0, 1)  # in line with the head above it
+        yield goodput
         with Horizontal(id="training-body"):
             with Vertical(id="loss-pane"):
                 yield PlainStatic(Text("loss", style="bold"), classes="pane-title", id="loss-title")
@@ -99,8 +154,15 @@ class TrainingScreen(ViewScreen):
             self.query_one("#loss-plot", BraillePlot).set_points([])
             self.query_one("#rank-table", TextTable).set_rows([], [])
             self.query_one("#checkpoints", Static).update("")
+            self.query_one("#goodput", Static).display = False
             return
         head.update(training_text(summary))
+        goodput = self.runtime.goodput
+        windows = goodput.windows()
+        bar = self.query_one("#goodput", Static)
+        bar.display = windows["run"].wall_s > 0  # nothing to break down before the console has followed the job
+        if bar.display:
+            bar.update(goodput_text(windows, goodput.reliability()))
         self.query_one("#loss-plot", BraillePlot).set_points([(float(s), v) for s, v in summary.loss])
         if summary.loss:
             first, last = summary.loss[0][0], summary.loss[-1][0]

@@ -1,8 +1,10 @@
-"""The fleet heatmap: one cell per GPU, grouped by node, drawn with the Line API."""
+"""The fleet heatmap: one cell per GPU grouped by node, or zoomed out one cell per node grouped by rack; Line API."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 
 from rich.color import Color
 from rich.segment import Segment
@@ -14,7 +16,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.fleet.state import HeatmapNode, NodeStatus
+from console.fleet.hostlist import compress
+from console.fleet.state import HeatmapNode, LazyRows, NodeStatus
 from console.tui.widgets.plain import plain
 from console.tui.widgets.text_table import fit
 
@@ -37,6 +40,8 @@ _ISOLATED = ("i", Style(color="cyan", bold=True))
 _MISMATCH = ("!", Style(color="magenta", bold=True))
 _CHECKS = ("P", Style(color="red", bold=True, reverse=True))
 LEGEND = "marks: × down  ~ stale  P patrol/pre-flight failing\n       i isolated  ! stack differs  ? N/A"
+ZOOM_LABEL = 18  # the group's name before its cells when zoomed out
+_RACK = re.compile(r"^(.+?)[-._][^-._]*$")  # rack12-node07 -> rack12
 
 
 def cell_style(value: float) -> Style:
@@ -63,6 +68,29 @@ def common_suffix(names: list[str]) -> str:
     shared = os.path.commonprefix([n[::-1] for n in names])[::-1]
     dot = shared.find(".")
     return shared[dot:] if dot >= 0 else ""
+
+
+def group_runs(names: Sequence[str], per_line: int) -> list[tuple[int, int]]:
+    """Lines of the zoomed-out heatmap: (start, stop) runs of nodes in the same rack, at most ``per_line`` a line.
+
+    A rack is what a name says before its last ``-``, ``.`` or ``_`` (``rack12-node07``);
+    names without one (``node00042``) fall into blocks of consecutive nodes.
+    """
+    runs: list[tuple[int, int]] = []
+    start = 0
+    key: str | None = None
+    suffix = common_suffix(list(names))  # a shared domain is no rack
+    for i, name in enumerate(names):
+        m = _RACK.match(name[: -len(suffix)] if suffix else name)
+        k = m.group(1) if m else ""
+        if i == start:
+            key = k
+        elif k != key or i - start >= per_line:
+            runs.append((start, i))
+            start, key = i, k
+    if len(names) > start:
+        runs.append((start, len(names)))
+    return runs
 
 
 def short_label(name: str, width: int, suffix: str = "") -> str:
@@ -101,21 +129,74 @@ class GpuHeatmap(ScrollView, can_focus=True):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.nodes: list[HeatmapNode] = []
+        self.nodes: Sequence[HeatmapNode] = []
         self.highlight: str | None = None
+        self.zoomed = False  # one cell per node (its worst GPU), a line per rack
+        self._names: list[str] = []
         self._cells_per_node = 8
         self._per_line = 1
         self._one_per_line = True
         self._label_width = 0  # the name column when one node a line
         self._suffix = ""
+        self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
+        self._runs_for: tuple[int, str, str, int] | None = None
+        self._run_labels: dict[int, str] = {}
+        self._counted = -1  # how many nodes the cells per node were counted over
 
-    def set_nodes(self, nodes: list[HeatmapNode], highlight: str | None = None) -> None:
+    def set_nodes(self, nodes: Sequence[HeatmapNode], highlight: str | None = None) -> None:
         """Replace the cells (once a tick) and redraw the visible lines."""
         self.nodes = nodes
         self.highlight = highlight
-        self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
+        if isinstance(nodes, LazyRows):
+            # Read from the nodes, not their cells: a cell is made only for a line on screen.
+            self._names = nodes.names
+            if len(nodes) != self._counted:  # counted again when nodes come or go, not every tick
+                self._counted = len(nodes)
+                self._cells_per_node = max((len(n.sample.gpus) if n.sample is not None else (len(n.hello.gpus) if n.hello else 0)
+                                            for n in nodes.nodes), default=8) or 1
+        else:
+            self._names = [n.name for n in nodes]
+            self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
         self._layout()
         self.refresh()
+
+    def set_zoom(self, zoomed: bool) -> None:
+        """Zoom out (one cell per node) or in (one cell per GPU), keeping the highlighted node on screen."""
+        self.zoomed = zoomed
+        self._layout()
+        self.scroll_to_node(self.highlight)
+        self.refresh()
+
+    def line_of(self, name: str) -> int | None:
+        """The first line the node's cells are drawn on, if it is shown."""
+        try:
+            index = self._names.index(name)
+        except ValueError:
+            return None
+        if self.zoomed:
+            return next((i for i, (a, b) in enumerate(self._runs) if a <= index < b), None)
+        if self._one_per_line:
+            return index
+        return 2 * (index // self._per_line)
+
+    def scroll_to_node(self, name: str | None) -> None:
+        """Scroll so the node's line is on screen (a far page included)."""
+        line = self.line_of(name) if name else None
+        if line is None:
+            return
+        top, height = int(self.scroll_y), max(self.size.height, 1)
+        if not top <= line < top + height - 1:
+            self.scroll_to(y=max(line - height // 2, 0), animate=False, immediate=True)
+
+    @property
+    def page(self) -> tuple[int, int]:
+        """(page shown, pages), counted in screens of lines: what PgUp/PgDn move by."""
+        height = max(self.size.height, 1)
+        pages = max(-(-self.virtual_size.height // height), 1)
+        top = int(self.scroll_y)
+        if top and top >= self.max_scroll_y:
+            return pages, pages  # scrolled to the end: the last page, however short
+        return min(top // height + 1, pages), pages
 
     @property
     def _block(self) -> int:
@@ -125,6 +206,15 @@ class GpuHeatmap(ScrollView, can_focus=True):
 
     def _layout(self) -> None:
         count = len(self.nodes)
+        if self.zoomed:
+            self._one_per_line = False
+            per_line = max(self.size.width - ZOOM_LABEL - 1, 1)
+            key = (count, self._names[0] if count else "", self._names[-1] if count else "", per_line)
+            if key != self._runs_for:
+                self._runs, self._runs_for = group_runs(self._names, per_line), key
+                self._run_labels = {}
+            self.virtual_size = Size(self.size.width, len(self._runs))
+            return
         self._one_per_line = count <= max(self.size.height, 1)
         if self._one_per_line:
             self._per_line = 1
@@ -134,7 +224,7 @@ class GpuHeatmap(ScrollView, can_focus=True):
         else:
             self._per_line = max(self.size.width // self._block, 1)
             self._label_width = 0
-            self._suffix = common_suffix([n.name for n in self.nodes])
+            self._suffix = common_suffix(self._names)
             lines = 2 * -(-count // self._per_line)
         self.virtual_size = Size(self.size.width, lines)
 
@@ -144,6 +234,12 @@ class GpuHeatmap(ScrollView, can_focus=True):
     def node_at(self, x: int, y: int) -> str | None:
         """The node drawn at screen offset (x, y), name or cells, if any."""
         line = y + int(self.scroll_y)
+        if self.zoomed:
+            if not 0 <= line < len(self._runs) or x < ZOOM_LABEL + 1:
+                return None
+            start, stop = self._runs[line]
+            index = start + x - ZOOM_LABEL - 1
+            return self._names[index] if index < stop else None
         if self._one_per_line:
             return self.nodes[line].name if 0 <= line < len(self.nodes) else None
         slot = x // self._block
@@ -161,6 +257,8 @@ class GpuHeatmap(ScrollView, can_focus=True):
         width = self.size.width
         base = self.rich_style
         line = y + int(self.scroll_y)
+        if self.zoomed:
+            return self._zoomed_line(line, width, base)
         per_line = self._per_line
         start = line * per_line if self._one_per_line else (line // 2) * per_line
         chunk = self.nodes[start : start + per_line]
@@ -219,7 +317,7 @@ class GpuHeatmap(ScrollView, can_focus=True):
             segments.append(Segment("".join(run), run_style))
         return Strip(segments).crop_extend(0, width, base)
 
-    def _label_line(self, chunk: list[HeatmapNode], style: Style, hi_style: Style, width: int, base: Style) -> Strip:
+    def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, width: int, base: Style) -> Strip:
         """The names above a line of blocks, each over its own cells (the mark column left blank)."""
         label_width = self._block - 1
         segments = []
@@ -227,4 +325,36 @@ class GpuHeatmap(ScrollView, can_focus=True):
             segments.append(Segment(" ", base))
             text = short_label(node.name, label_width, self._suffix)
             segments.append(Segment(text, hi_style if node.name == self.highlight else style))
+        return Strip(segments).crop_extend(0, width, base)
+
+    def _zoomed_line(self, line: int, width: int, base: Style) -> Strip:
+        """A rack's nodes, one cell each coloured by its worst GPU, after the rack's name (hostlist form)."""
+        if not 0 <= line < len(self._runs):
+            return Strip.blank(width, base)
+        start, stop = self._runs[line]
+        label_style = base + self.get_component_rich_style("gpu-heatmap--label")
+        hi = self.get_component_rich_style("gpu-heatmap--highlight")
+        label = self._run_labels.get(line)
+        if label is None:
+            label = self._run_labels[line] = short_label(compress(self._names[start:stop]), ZOOM_LABEL)
+        segments = [Segment(label, label_style), Segment(" ", base)]
+        run: list[str] = []
+        run_style: Style | None = None
+        for i in range(start, stop):
+            node = self.nodes[i]
+            if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
+                glyph, style = _MARKS[node.status]
+            elif node.checks_failing:
+                glyph, style = _CHECKS
+            else:
+                value = node.worst
+                glyph, style = ("?", _NA) if value is None else ("█", cell_style(value))
+            style = base + style + hi if node.name == self.highlight else base + style
+            if style != run_style and run:
+                segments.append(Segment("".join(run), run_style))
+                run.clear()
+            run_style = style
+            run.append(glyph)
+        if run:
+            segments.append(Segment("".join(run), run_style))
         return Strip(segments).crop_extend(0, width, base)

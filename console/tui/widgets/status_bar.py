@@ -40,7 +40,9 @@ class StatusBar(Static):
     StatusBar { height: 1; background: $panel; color: $text; padding: 0 1; }
     """
 
-    def show(self, summary: FleetSummary, read_only: bool, incidents_open: int = 0, note: str = "", alert: str = "") -> None:
+    def show(self, summary: FleetSummary, read_only: bool, incidents_open: int = 0, note: str = "", alert: str = "",
+             role: str = "", role_style: str = "") -> None:
+        """``role``: where this console stands among several sharing the acting (empty: it is alone)."""
         text = Text()
         style = "green" if summary.connected == summary.total and summary.total else "yellow"
         text.append(f"{summary.connected}/{summary.total} nodes connected", style=style)
@@ -49,6 +51,8 @@ class StatusBar(Static):
         if incidents_open:
             text.append(f"  {incidents_open} open incidents", style="bold red")
         text.append("  READ-ONLY" if read_only else "  operator", style="bold cyan" if read_only else "bold")
+        if role:
+            text.append(f"  {role}", style=role_style)
         if alert:
             # The console's own trouble (its incident database failing): louder than any note.
             text.append("  ")

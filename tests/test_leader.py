@@ -1,0 +1,300 @@
+"""Several consoles, one actor: an etcd lease elects the console that acts, agents fence the others out.
+
+Real etcd (Debian's etcd-server, started per test), real agents on loopback SSH
+with real trainer control sockets (``trainer.control_server``), headless
+consoles as real processes (``gridwatch console --headless --etcd URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agents import protocol as p
+from agents.agent import Caller
+from agents.fencing import refusal
+from console.fleet.client import Fleet, FleetOptions
+from console.fleet.hostlist import parse_endpoints
+from console.runtime.leader import Election, EtcdClient, Role
+from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
+from tests.etcd_server import running_etcd
+from trainer.control_server import ControlServer
+
+OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
+
+
+def _action_events(agent: object, action: str, ok: bool = True) -> list[p.Event]:
+    """The agent's own record of what it did: an ``action`` event per action that changed something."""
+    frames, _ = agent.ring.since(0)  # type: ignore[attr-defined]
+    out = []
+    for data in frames:
+        frame = p.decode_agent_frame(data)
+        if isinstance(frame, p.Event) and frame.kind == "action" and frame.details.get("action") == action:
+            if (": ok:" in str(frame.message)) == ok:
+                out.append(frame)
+    return out
+
+
+async def _send(fleet: Fleet, node: str, action: str, fence: int | None, key: str | None,
+                args: dict | None = None) -> p.ActionResult:
+    return await fleet.action(node, action, args or {}, reason="test", timeout=10, fence=fence, key=key)
+
+
+async def test_an_agent_refuses_an_older_fencing_token_and_answers_a_repeated_step_across_a_restart(
+        keys, tmp_path: Path) -> None:
+    state = tmp_path / "node-1.state.json"
+    scenes = tmp_path / "scenes"
+    ra = await start_agent(keys, name="node-1", state_file=str(state), scene_dir=str(scenes))
+    fleet = Fleet(parse_endpoints(ra.spec), FleetOptions(key_path=str(keys.operator_key),
+                                                          known_hosts=str(keys.known_hosts)))
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1, 10, "the link")
+        first = await _send(fleet, "node-1", "capture_scene", 42, "inc-a/0")
+        assert first.ok, first.message
+        again = await _send(fleet, "node-1", "capture_scene", 42, "inc-a/0")
+        assert again.ok and again.message == first.message and again.data.get("repeat") is True
+        assert len(list(scenes.iterdir())) == 1  # done once
+        old = await _send(fleet, "node-1", "isolate", 41, "inc-b/1")
+        assert not old.ok and str(old.message) == refusal(41, 42)
+        assert str(old.message) == "refused: fencing token 41 is older than 42 (a newer console leads)"
+        assert not ra.agent.isolated
+        # A console alone sends no token: not fenced, as before.
+        assert (await _send(fleet, "node-1", "ping", None, None)).ok
+        await fleet.stop()
+        await stop_agent(ra)
+
+        # The agent restarts: it still knows who leads and what it did.
+        ra = await start_agent(keys, name="node-1", state_file=str(state), scene_dir=str(scenes))
+        fleet = Fleet(parse_endpoints(ra.spec), FleetOptions(key_path=str(keys.operator_key),
+                                                              known_hosts=str(keys.known_hosts)))
+        await fleet.start()
+        await wait_until(lambda: fleet.connected == 1, 10, "the link after the restart")
+        assert str((await _send(fleet, "node-1", "isolate", 41, None)).message) == refusal(41, 42)
+        repeat = await _send(fleet, "node-1", "capture_scene", 43, "inc-a/0")
+        assert repeat.ok and repeat.message == first.message
+        assert len(list(scenes.iterdir())) == 1
+        assert str((await _send(fleet, "node-1", "isolate", 42, None)).message) == refusal(42, 43)
+        assert (os.stat(f"{state}.fencing.json").st_mode & 0o077) == 0
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+
+
+async def test_one_console_leads_a_standby_takes_over_and_an_unreachable_etcd_steps_the_leader_down(
+        tmp_path: Path) -> None:
+    with running_etcd(tmp_path / "etcd") as etcd:
+        if etcd is None:
+            pytest.skip("etcd could not start here (/usr/bin/etcd)")
+        a = Election(EtcdClient([etcd.url], timeout=0.5), "c1", "console-a", ttl=2.0)
+        b = Election(EtcdClient([etcd.url], timeout=0.5), "c1", "console-b", ttl=2.0)
+        lines: list[str] = []
+        b.on_change.append(lambda s: lines.append(s.line))
+        run_a = asyncio.create_task(a.run())
+        await wait_until(lambda: a.leading, 10, "console-a to lead")
+        run_b = asyncio.create_task(b.run())
+        try:
+            await wait_until(lambda: b.standing.leader == "console-a", 10, "console-b to see who leads")
+            assert lines[-1] == "observer; console-a leads" and not b.leading
+            first = a.token
+            assert first is not None and a.standing.line == f"leader (token {first})"
+            # console-a stops: its lease is revoked at once, console-b leads with a newer token.
+            run_a.cancel()
+            await asyncio.gather(run_a, return_exceptions=True)
+            await wait_until(lambda: b.leading, 5, "console-b to take over")
+            assert b.token is not None and b.token > first and lines[-1] == f"leader (token {b.token})"
+            # etcd stops answering: console-b steps down once its lease would have lapsed, and says why.
+            etcd.pause()
+            await wait_until(lambda: b.standing.role is Role.OBSERVER, 2.0 + 1.0, "console-b to step down")
+            await wait_until(lambda: "etcd unreachable" in b.standing.line, 3, "console-b to say why no one acts")
+            etcd.unpause()
+            await wait_until(lambda: b.leading, 10, "console-b to lead again once etcd answers")
+        finally:
+            etcd.unpause()
+            run_b.cancel()
+            await asyncio.gather(run_a, run_b, return_exceptions=True)
+
+
+class Job:
+    """Three nodes' trainers as their control sockets show them; a node's socket can be down (re-forming)."""
+
+    def __init__(self, tmp_path: Path, names: list[str]) -> None:
+        self.paths = {n: str(tmp_path / f"{n}.sock") for n in names}
+        self.servers: dict[str, ControlServer] = {}
+        self.step = 40
+
+    def status(self) -> p.TrainerStatus:
+        return p.TrainerStatus(job=p.Text("run"), phase=p.Text("training"), step=self.step,
+                               checkpoints={p.Text("0"): 35}, world_size=3)
+
+    def up(self, name: str) -> None:
+        server = ControlServer(self.paths[name], self.status, node=name)
+        server.start()
+        self.servers[name] = server
+
+    def down(self, name: str) -> None:
+        self.servers.pop(name).stop()
+
+    def stop(self) -> None:
+        for name in list(self.servers):
+            self.down(name)
+
+
+def _console(keys, spec: str, db: Path, etcd: str, who: str, log: Path) -> subprocess.Popen:  # noqa: ANN001
+    cmd = [PYTHON, "-m", "console", "console", "--headless", "--nodes", spec, "--key", str(keys.operator_key),
+           "--known-hosts", str(keys.known_hosts), "--db", str(db), "--etcd", etcd, "--operator", who,
+           "--control-socket", str(db.with_suffix(".sock"))]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _steps(db: Path, playbook: str) -> dict[str, tuple[str, str]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT s.step, s.state, s.outcome FROM steps s JOIN incidents i ON i.id = s.incident"
+                            " WHERE i.playbook = ?", (playbook,)).fetchall()
+    return {step: (state, outcome) for step, state, outcome in rows}
+
+
+def _incidents(db: Path, playbook: str) -> list[str]:
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(db) as conn:
+            return [r[0] for r in conn.execute("SELECT id FROM incidents WHERE playbook = ?", (playbook,))]
+    except sqlite3.Error:
+        return []
+
+
+@pytest.mark.timeout(120)
+async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twice_and_the_paused_one_is_refused(
+        keys, tmp_path: Path) -> None:
+    with running_etcd(tmp_path / "etcd") as etcd:
+        if etcd is None:
+            pytest.skip("etcd could not start here (/usr/bin/etcd)")
+        from agents.trainer_link import TrainerLink
+
+        names = ["node-1", "node-2", "node-3"]
+        job = Job(tmp_path, names)
+        agents = []
+        consoles: list[subprocess.Popen] = []
+        try:
+            for name in names:
+                job.up(name)
+                ra = await start_agent(keys, name=name, gpus=2, interval=1.0, scene_dir=str(tmp_path / "scenes" / name))
+                ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
+                ra.agent.trainer.start()
+                agents.append(ra)
+            spec = ",".join(a.spec for a in agents)
+            dbs = [tmp_path / "a" / "incidents.db", tmp_path / "b" / "incidents.db"]
+            logs = [tmp_path / "a.log", tmp_path / "b.log"]
+            for db in dbs:
+                db.parent.mkdir(mode=0o700)
+            consoles.append(_console(keys, spec, dbs[0], etcd.url, "alice", logs[0]))
+            await wait_until(lambda: "leader (token" in logs[0].read_text(), 30, "console a to lead")
+            consoles.append(_console(keys, spec, dbs[1], etcd.url, "bob", logs[1]))
+            await wait_until(lambda: "observer; alice@" in logs[1].read_text(), 30, "console b to observe")
+            await wait_until(lambda: all(len(a.agent.clients) == 2 for a in agents), 30, "both consoles connected")
+            await wait_until(lambda: all("training: 3 of 3" in log.read_text() for log in logs), 30,
+                             "both consoles to see the job train")
+
+            # The job re-forms as node-2 leaves: the restart finds no trainer on node-1 and node-3 and is
+            # sent again and again; that is when the leader dies.
+            job.down("node-1")
+            job.down("node-3")
+            fault = await agents[1].agent.act(OPERATOR, p.Action(id=p.Text("f1"), action=p.Text("inject_fault"),
+                                                                 args={"kind": "xid", "gpu": 0, "code": 79}))
+            assert fault.ok, fault.message
+            await wait_until(lambda: all(_incidents(db, "xid-hardware") for db in dbs), 15, "the incident in both")
+            assert _incidents(dbs[0], "xid-hardware") == _incidents(dbs[1], "xid-hardware")
+            await wait_until(lambda: _action_events(agents[1].agent, "isolate"), 15, "node-2 isolated")
+            await wait_until(lambda: _action_events(agents[0].agent, "restart_from", ok=False), 15,
+                             "the restart meeting the job re-forming")
+            consoles[0].send_signal(signal.SIGKILL)
+            consoles[0].wait(10)
+            killed_at = asyncio.get_running_loop().time()
+            await wait_until(lambda: "leader (token" in logs[1].read_text(), 12, "console b to take over")
+            assert asyncio.get_running_loop().time() - killed_at < 10
+            for name in ("node-1", "node-3"):
+                job.up(name)
+            await wait_until(lambda: _steps(dbs[1], "xid-hardware").get("restart_from_checkpoint", ("",))[0] == "done",
+                             30, "console b to finish the restart")
+            steps = _steps(dbs[1], "xid-hardware")
+            assert steps["capture_scene"][0] == steps["isolate_node"][0] == "done", steps
+            # No step twice, in every agent's own record.
+            assert len(_action_events(agents[1].agent, "isolate")) == 1
+            assert len(_action_events(agents[1].agent, "capture_scene")) == 1
+            assert len(list((tmp_path / "scenes" / "node-2").iterdir())) == 1
+            for ra in (agents[0], agents[2]):
+                assert len(_action_events(ra.agent, "restart_from")) == 1
+            assert not _action_events(agents[1].agent, "restart_from")
+            tokens = [int(line.split("token ")[1].rstrip(")")) for log in logs
+                      for line in log.read_text().splitlines() if line.startswith("leader (token")]
+            assert len(tokens) == 2 and tokens[1] > tokens[0]
+
+            # SIGSTOP of the leader past its lease: a third console takes over and acts; the stopped one,
+            # continued, acts on nothing (an observer refuses even its operator's actions), and a request
+            # it had in flight with its old token is refused by the agent.
+            consoles[1].send_signal(signal.SIGSTOP)
+            third = Election(EtcdClient([etcd.url]), "", "carol@test", ttl=5.0)
+            third.key = next(line.split("etcd ")[1].split(":")[0] for line in logs[1].read_text().splitlines()
+                             if "| INFO" in line and "etcd /gridwatch/" in line)
+            running = asyncio.create_task(third.run())
+            fleet = Fleet(parse_endpoints(spec), FleetOptions(key_path=str(keys.operator_key),
+                                                              known_hosts=str(keys.known_hosts)))
+            await fleet.start()
+            try:
+                await wait_until(lambda: third.leading, 15, "the third console to lead")
+                assert third.token is not None and third.token > tokens[1]
+                await wait_until(lambda: fleet.connected == 3, 10, "the third console's links")
+                assert (await _send(fleet, "node-3", "capture_scene", third.token, "test/0")).ok
+                consoles[1].send_signal(signal.SIGCONT)
+                # Asynchronously: the agents answer from this test's event loop.
+                told = await asyncio.create_subprocess_exec(
+                    PYTHON, "-m", "console", "node", "isolate", "node-3", "--reason", "test", "--socket",
+                    str(dbs[1].with_suffix(".sock")), "--timeout", "20", cwd=ROOT,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                said = (await asyncio.wait_for(told.communicate(), 60))[0].decode()
+                assert "observer: " in said and "; take over to act" in said, said
+                assert not agents[2].agent.isolated
+                late = await _send(fleet, "node-3", "isolate", tokens[1], None)  # the old leader's token
+                assert str(late.message) == refusal(tokens[1], third.token)
+                assert not agents[2].agent.isolated
+                await wait_until(lambda: "observer; carol@test leads" in logs[1].read_text(), 10,
+                                 "console b to say who leads now")
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                await fleet.stop()
+        finally:
+            for proc in consoles:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+                    try:
+                        proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+            for ra in agents:
+                await ra.agent.trainer.stop()
+                await stop_agent(ra)
+            job.stop()
+
+
+def test_the_etcd_url_reaches_the_runtime_from_cluster_toml_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
+    from console.runtime.config import ConfigError, parse_cluster
+    from console.runtime.core import RuntimeOptions
+
+    config = parse_cluster('nodes = "n1:8022"\netcd = "http://10.0.0.1:2379"\ncluster = "train-a"\n',
+                           str(tmp_path / "cluster.toml"))
+    options = RuntimeOptions.from_cluster(config, key_path="k", known_hosts="kh")
+    assert options.etcd == ["http://10.0.0.1:2379"] and options.cluster == "train-a"
+    with pytest.raises(ConfigError, match="etcd: expected an http"):
+        parse_cluster('nodes = "n1:8022"\netcd = "10.0.0.1:2379"\n', "cluster.toml")
+    assert msgspec.json.decode(p.encode(p.Action(id=p.Text("1"), action=p.Text("isolate"))))["fence"] is None
