@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import free_port
+from tests.servers import served
 
 BINARY = "/usr/bin/prometheus-alertmanager"
 
@@ -50,14 +49,6 @@ class Alertmanager:
         return list(self.get("/api/v2/alerts/groups"))
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/-/ready", timeout=1) as response:  # noqa: S310 - loopback
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def running_alertmanager(tmp: Path, port: int | None = None, timeout: float = 30.0) -> Iterator[Alertmanager | None]:
     """A started Alertmanager (on ``port``, else a free one), or None when it cannot start here."""
@@ -69,24 +60,8 @@ def running_alertmanager(tmp: Path, port: int | None = None, timeout: float = 30
     config.write_text(CONFIG, encoding="utf-8")
     port = port or free_port()
     log = tmp / "alertmanager.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [BINARY, f"--config.file={config}", f"--storage.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                yield None
-                return
-            time.sleep(0.05)
-        yield Alertmanager(url, proc, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = [BINARY, f"--config.file={config}", f"--storage.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"]
+    with served(argv, log, url + "/-/ready", timeout) as proc:
+        yield Alertmanager(url, proc, log) if proc is not None else None

@@ -6,15 +6,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import free_port
+from tests.servers import served
 
 BINARY = "/usr/bin/etcd"
 
@@ -33,14 +31,6 @@ class Etcd:
         os.kill(self.proc.pid, signal.SIGCONT)
 
 
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as response:  # noqa: S310 - loopback
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def running_etcd(tmp: Path, timeout: float = 20.0) -> Iterator[Etcd | None]:
     """A started single-member etcd with a fresh data dir, or None when it cannot start here."""
@@ -51,29 +41,9 @@ def running_etcd(tmp: Path, timeout: float = 20.0) -> Iterator[Etcd | None]:
     client, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{client}"
     log = tmp / "etcd.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [BINARY, "--name", "test", "--data-dir", str(tmp / "data"), "--listen-client-urls", url,
-             "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-             "--initial-cluster", f"test=http://127.0.0.1:{peer}", "--log-level", "warn"],
-            stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout
-        while not healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                yield None
-                return
-            time.sleep(0.05)
-        yield Etcd(url, proc, log)
-    finally:
-        try:
-            os.kill(proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = [BINARY, "--name", "test", "--data-dir", str(tmp / "data"), "--listen-client-urls", url,
+            "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"test=http://127.0.0.1:{peer}", "--log-level", "warn"]
+    with served(argv, log, url + "/health", timeout) as proc:
+        yield Etcd(url, proc, log) if proc is not None else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import free_port
+from tests.servers import log_tail, served
 
 BINARY = "/usr/bin/prometheus"
 
@@ -64,36 +64,11 @@ def prometheus(tmp: Path, targets: list[str], scrape_interval: str = "500ms", re
         f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
     )
     port = free_port()
-    log = open(tmp / "prometheus.log", "wb")
-    process = subprocess.Popen(
-        [
-            binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        ],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    server = Prometheus(f"http://127.0.0.1:{port}", process)
-    try:
-        deadline = time.monotonic() + ready_s
-        while not _ready(server.url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = (tmp / "prometheus.log").read_text(errors="replace")[-300:].strip()
-                raise PrometheusUnavailable(f"prometheus did not become ready: {tail or 'no output'}")
-            time.sleep(0.05)  # polling the readiness endpoint, not synchronising on time
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    log = tmp / "prometheus.log"
+    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    url = f"http://127.0.0.1:{port}"
+    with served(argv, log, url + "/-/ready", ready_s) as process:
+        if process is None:
+            raise PrometheusUnavailable(f"prometheus did not become ready: {log_tail(log)}")
+        yield Prometheus(url, process)
