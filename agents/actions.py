@@ -334,6 +334,29 @@ async def dump_collectives(agent: Agent, caller: Caller, action: p.Action) -> p.
                       record=msgspec.to_builtins(record, enc_hook=p.text_enc_hook))
 
 
+async def ras_status(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
+    """What NCCL's RAS service on this node reports (dead, missing ranks), parsed; ok=False when no RAS answers."""
+    from agents import ras
+
+    addr = agent.config.ras
+    if not addr:
+        return _unchanged(action, False, "ras_status: asking NCCL's RAS service is turned off on this node (ras = \"\")")
+    try:
+        timeout = min(float(action.args.get("timeout") or 3.0), 30.0)
+        report = await ras.status(addr, timeout=timeout)
+    except (ValueError, TypeError) as exc:
+        return _unchanged(action, False, f"ras_status: {exc}")
+    except ras.RasUnavailable as exc:
+        return _unchanged(action, False, f"ras_status: {exc}")
+    if report is None:
+        return _unchanged(action, False, f"ras_status: no NCCL RAS service listens on {addr} (no NCCL 2.24+ job here)")
+    blamed = report.blamed_nodes
+    said = f"RAS reports {len(report.culprits())} dead or missing ranks on {', '.join(blamed)}" if blamed \
+        else "RAS reports no dead or missing rank"
+    return _unchanged(action, True, said, report=msgspec.to_builtins(report),
+                      addresses=await ras.local_addresses())
+
+
 async def preflight(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:
     try:
         from agents.preflight import run_checks
@@ -405,6 +428,7 @@ HANDLERS: dict[str, Handler] = {
     "unisolate": unisolate,
     "capture_scene": capture_scene,
     "dump_collectives": dump_collectives,
+    "ras_status": ras_status,
     "preflight": preflight,
     **{name: trainer_control for name in TRAINER_CONTROLS},
 }

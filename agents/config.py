@@ -70,6 +70,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ib_flap_down_s: Annotated[float, Meta(gt=0, le=86400, description="seconds")] = 25.0
     ib_flap_count: Annotated[int, Meta(ge=1, le=1000)] = 3
     ib_flap_window_s: Annotated[float, Meta(gt=0, le=30 * 86400, description="seconds")] = 43500.0
+    # NCCL's RAS service on this node (NCCL_RAS_ADDR of the job; NCCL 2.24+); empty: never asked.
+    ras: Annotated[str, Meta(pattern=r"^$|^\S+:\d{1,5}$", description="HOST:PORT, or empty")] = "127.0.0.1:28028"
 
     def listen_addr(self) -> tuple[str, int]:
         return split_hostport(self.listen, "listen")

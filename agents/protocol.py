@@ -597,10 +597,11 @@ ACTIONS: frozenset[str] = frozenset(
         "preflight",
         "ping",
         "dump_collectives",
+        "ras_status",
     }
 )
 # Actions a viewer may send: they read, they change nothing (a viewer's collective dump is shorter).
-VIEWER_ACTIONS: frozenset[str] = frozenset({"ping", "preflight", "dump_collectives"})
+VIEWER_ACTIONS: frozenset[str] = frozenset({"ping", "preflight", "dump_collectives", "ras_status"})
 
 
 # ------------------------------------------------------------------- encode/decode

@@ -24,7 +24,8 @@ import msgspec
 from loguru import logger
 
 from agents.protocol import Event, Frame, LogLine, text_dec_hook, text_enc_hook
-from playbooks.blame_collectives import CollectiveVerdict, blame
+from agents.ras import RasReport, decode_report
+from playbooks.blame_collectives import BlameReason, CollectiveVerdict, Culprit, blame
 from trainer.control import CollectiveRecord
 
 if TYPE_CHECKING:
@@ -153,10 +154,39 @@ class HangWatch:
                 logger.bind(node=node).warning("a collective record that does not decode: {}", exc)
                 return None
 
-        got = await asyncio.gather(*(one(n) for n in nodes))
+        got, ras_answers = await asyncio.gather(asyncio.gather(*(one(n) for n in nodes)), self._ras(nodes, why))
+        # NCCL's RAS service first where it names dead or missing ranks: it sees every process of the job.
+        ras_verdict = ras_blame(ras_answers, len(nodes))
+        if ras_verdict is not None:
+            return ras_verdict
         # Keyed as the trainers name their group's members; a node that gave nothing, by its agent's name.
         records = {str(r.node) if r is not None and r.node else n: r for n, r in zip(nodes, got, strict=True)}
         return blame(records, self.min_wait_s)
+
+    async def _ras(self, nodes: list[str], why: str) -> dict[str, tuple[RasReport, list[str]]]:
+        """Each node's RAS report with the addresses the node answers to; nodes without RAS are left out."""
+        fleet = self.runtime.fleet
+        assert fleet is not None
+
+        async def one(node: str) -> tuple[RasReport, list[str]] | None:
+            try:
+                result = await fleet.action(node, "ras_status", {"timeout": max(self.timeout - 1.0, 0.5)},
+                                            reason=f"which rank is stuck: {why}", timeout=self.timeout)
+            except Exception as exc:  # noqa: BLE001 - that node simply did not answer
+                logger.bind(node=node).debug("ras_status failed: {}", exc)
+                return None
+            if not result.ok or result.data.get("report") is None:
+                return None  # no RAS on that node (no NCCL 2.24+ job), or turned off
+            try:
+                report = decode_report(result.data["report"])
+            except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as exc:
+                logger.bind(node=node).warning("a RAS report that does not decode: {}", exc)
+                return None
+            addresses = [str(a) for a in result.data.get("addresses") or [] if isinstance(a, str)]
+            return report, addresses
+
+        got = await asyncio.gather(*(one(n) for n in nodes))
+        return {n: r for n, r in zip(nodes, got, strict=True) if r is not None}
 
     def _job_of(self, node: str) -> str:
         engine = self.runtime.engine
@@ -167,3 +197,41 @@ class HangWatch:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def ras_blame(answers: dict[str, tuple[RasReport, list[str]]], world: int) -> CollectiveVerdict | None:
+    """A verdict from the nodes' RAS reports: the nodes whose ranks RAS calls dead or missing; None when none does.
+
+    RAS names a host by its address; a node is the one whose agent answers to
+    that address (or name). A host no node answers to is named as RAS gives it.
+    """
+    where: dict[str, str] = {}
+    for node, (_, addresses) in answers.items():
+        where[node] = node
+        for addr in addresses:
+            where.setdefault(addr, node)
+    culprits: list[Culprit] = []
+    said: list[str] = []
+    asked = ""
+    for node, (report, _) in sorted(answers.items()):
+        found = report.culprits()
+        if not found:
+            continue
+        asked = asked or node
+        for r in found:
+            culprit_node = where.get(r.node, r.node) if r.node else ""
+            if not culprit_node:
+                continue
+            if any(c.node == culprit_node and c.rank == (r.rank if r.rank is not None else -1) for c in culprits):
+                continue
+            culprits.append(Culprit(rank=r.rank if r.rank is not None else -1, node=culprit_node,
+                                    reason=BlameReason.NO_ANSWER))
+            who = f"rank {r.rank}" if r.rank is not None else "a process"
+            said.append(f"{who} (pid {r.pid} on {r.node}) {r.state}" if r.pid is not None else f"{who} {r.state}")
+        if culprits:
+            break  # one node's report is the whole job's view
+    if not culprits:
+        return None
+    nodes = list(dict.fromkeys(c.node for c in culprits))
+    summary = f"NCCL RAS (asked on {asked}) reports {'; '.join(said[:8])}: blaming {', '.join(nodes)}"
+    return CollectiveVerdict(pg="nccl-ras", seq=0, op="", world=world, culprits=culprits, summary=summary)
