@@ -7,8 +7,11 @@ rank waits, or waited until its collective failed):
 - the collective the others wait in is the highest sequence number a rank waits in;
 - a rank whose trainer did not answer is blamed (frozen or gone: a stopped
   process, a dead host), unless it is not a member of that group;
-- a rank whose newest collective in the group is older never entered it: it is
-  busy before it (spinning in Python, a data loader, a host-side loop);
+- a rank whose newest collective in the group is older, and which left it at
+  least ``min_wait_s`` ago, never entered it: it is busy before it (spinning in
+  Python, a data loader, a host-side loop); when a rank did not answer, only the
+  ranks that did not answer are blamed (a late rank is then most likely slowed
+  by the same stall);
 - a rank that entered it but never started it (scheduled, not started), or that
   is still in it while another rank completed it, is stuck inside it (a device
   that does not progress);
@@ -134,13 +137,20 @@ def blame(records: Mapping[str, CollectiveRecord | None], min_wait_s: float = 0.
         last = max(entries, default=0)
         entry = entries.get(seq)
         if entry is None:
-            if last < seq:
+            newest = entries.get(last)
+            idle = nows[rank] - (newest.ended_at or newest.started_at or newest.scheduled_at) if newest else min_wait_s
+            # Not yet late: a rank that left its last collective only just now is still computing its step.
+            if last < seq and idle >= min_wait_s:
                 culprits.append(Culprit(rank=rank, node=node, reason=BlameReason.NEVER_ENTERED, last_seq=last))
             continue
         if entry.state == CollectiveState.SCHEDULED or (entry.state == CollectiveState.STARTED and completed):
             culprits.append(Culprit(rank=rank, node=node, reason=BlameReason.STUCK_INSIDE, last_seq=last))
         elif entry.state in _WAITING:
             waiting.append(rank)
+    if any(c.reason == BlameReason.NO_ANSWER for c in culprits):
+        # A trainer that does not answer explains the wait by itself; a rank that answers but is late
+        # to the collective is then most likely slowed by the same stall (a loaded node), not a cause.
+        culprits = [c for c in culprits if c.reason == BlameReason.NO_ANSWER]
     verdict = CollectiveVerdict(pg=pg, seq=seq, op=op, world=len(members), culprits=culprits, waiting=waiting)
     verdict.summary = _sentence(verdict)
     return verdict

@@ -56,6 +56,26 @@ def test_a_rank_that_does_not_answer_is_blamed_while_the_others_wait() -> None:
     assert "rank 3 on node-4 did not answer (frozen or gone) while 3 ranks wait in all_reduce #41" == v.summary
 
 
+def test_a_rank_late_to_the_collective_beside_one_that_does_not_answer_is_not_blamed() -> None:
+    # Seen on a loaded machine: node-2 frozen, node-1 still computing its step after #11, node-3 waiting in #12.
+    records: dict[str, CollectiveRecord | None] = {
+        "node-1": _record("node-1", _done(11), members=NODES[:3]),
+        "node-2": None,
+        "node-3": _record("node-3", {**_done(11), 12: S.STARTED}, members=NODES[:3]),
+    }
+    v = blame(records, min_wait_s=0.5)
+    assert v is not None and v.nodes == ["node-2"] and v.culprits[0].reason == BlameReason.NO_ANSWER
+
+
+def test_a_rank_that_left_its_last_collective_only_just_now_is_not_yet_late() -> None:
+    records = {n: _record(n, {**_done(4180), 4181: S.STARTED}) for n in NODES if n != "node-3"}
+    records["node-3"] = _record("node-3", _done(4180))  # its #4180 ended 4 s before its record was read
+    early = blame(records, min_wait_s=4.5)  # the others have waited 5 s: long enough; node-3 idle 4 s: not yet
+    assert early is not None and early.seq == 4181 and early.culprits == []
+    late = blame(records, min_wait_s=1.0)
+    assert late is not None and late.nodes == ["node-3"]
+
+
 def test_stuck_inside_scheduled_never_started_or_still_in_it_after_others_completed() -> None:
     records = {n: _record(n, {**_done(9), 10: S.STARTED}) for n in NODES}
     records["node-2"] = _record("node-2", {**_done(9), 10: S.SCHEDULED})

@@ -352,6 +352,8 @@ async def test_a_search_answer_over_the_frame_limit_arrives_cut_and_says_so(keys
         assert 100 < len(res.lines) < 5000 and str(res.lines[-1].line).startswith("04999 "), "the newest lines are kept"
         await fleet.start()
         await wait_until(lambda: fleet.connected == 1, what="the console linked")
+        # One search per key at a time: the first one's worker must be gone before the console asks.
+        await wait_until(lambda: ra.agent.searches == 0, timeout=60, what="the first search's worker to end")
         found = await fleet.search("y", limit=5000, timeout=120.0)
         assert len(found) == len(res.lines), "the console takes the answer in (an oversized one it would drop)"
     finally:
