@@ -16,7 +16,7 @@ same fan-in without state store and engine).
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
 import re
 import signal
@@ -36,52 +36,10 @@ from measure import ROOT, cpu_percent_over, peak_rss_mb, stop_all  # noqa: E402
 
 SUMMARY = re.compile(r"summary (\d+)/(\d+) nodes connected.*frames (\d+), lost (\d+), bad (\d+)")
 PER_PROCESS = 250
+SWARM = Path(__file__).resolve().parent / "swarm.py"
 
 
 # ------------------------------------------------------------------------------------ the agents' side
-
-
-async def serve_agents(count: int, base_port: int, keys: str, gpus: int, interval: float) -> None:
-    """``count`` agents; on stdin ``pause`` (stop sampling, write out what was published) and ``resume``."""
-    from swarm import start_agents
-
-    agents = await start_agents(count, base_port, keys, gpus, interval, "swarm-")
-    loop = asyncio.get_running_loop()
-    tasks: list[asyncio.Task[None]] = []
-    starts: list[asyncio.TimerHandle] = []
-
-    def resume() -> None:
-        # Staggered across the interval, as independent nodes would be.
-        starts[:] = [loop.call_later(interval * i / count, lambda a=agent: tasks.append(asyncio.ensure_future(a.run())))
-                     for i, agent in enumerate(agents)]
-
-    async def pause() -> str:
-        for start in starts:
-            start.cancel()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        tasks.clear()
-        deadline = time.monotonic() + 60
-        while any(c.subscribed and c.cursor < a.ring.last_seq for a in agents for c in a.clients):
-            if time.monotonic() > deadline:
-                return "paused-behind"
-            await asyncio.sleep(0.05)
-        published = sum(a.ring.last_seq for a in agents)
-        clients = sum(1 for a in agents for c in a.clients if c.subscribed)
-        dropped = sum(a.dropped_frames for a in agents)
-        return f"paused {published} {clients} {dropped}"
-
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    print(f"ready {count}", flush=True)
-    resume()
-    while line := (await reader.readline()).decode().strip():
-        if line == "pause":
-            print(await pause(), flush=True)
-        elif line == "resume":
-            resume()
-            print("resumed", flush=True)
 
 
 @dataclass
@@ -96,7 +54,8 @@ def start_agents(count: int, base_port: int, keys_dir: Path, gpus: int = 8) -> l
     for start in range(0, count, PER_PROCESS):
         n = min(PER_PROCESS, count - start)
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--serve-agents", str(n), "--base-port", str(base_port + start),
+            # swarm.py --control: pause writes out what was published, as JSON; resume starts sampling again.
+            [sys.executable, str(SWARM), "--control", "--count", str(n), "--base-port", str(base_port + start),
              "--keys", str(keys_dir), "--gpus", str(gpus)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for proc in procs:
         if not proc.stdout.readline().startswith("ready"):  # type: ignore[union-attr]
@@ -111,13 +70,14 @@ def tell(procs: list[subprocess.Popen], command: str) -> Totals:
         proc.stdin.flush()  # type: ignore[union-attr]
     totals = Totals()
     for proc in procs:
-        answer = proc.stdout.readline().split()  # type: ignore[union-attr]
+        answer = proc.stdout.readline()  # type: ignore[union-attr]
         if command == "pause":
-            if not answer or answer[0] != "paused":
-                raise RuntimeError(f"agents could not write out what they published: {answer}")
-            totals.published += int(answer[1])
-            totals.clients += int(answer[2])
-            totals.dropped += int(answer[3])
+            said = json.loads(answer) if answer.startswith("{") else {"error": answer.strip()}
+            if "error" in said:
+                raise RuntimeError(f"agents could not write out what they published: {said['error']}")
+            totals.published += int(said["published"])
+            totals.clients += int(said["clients"])
+            totals.dropped += int(said["dropped"])
     return totals
 
 
@@ -153,12 +113,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--base-port", type=int, default=23000)
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--serve-agents", type=int, metavar="N", help=argparse.SUPPRESS)  # one agent process of the bench
-    ap.add_argument("--keys", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve_agents:
-        asyncio.run(serve_agents(args.serve_agents, args.base_port, args.keys, args.gpus, 1.0))
-        return 0
     from agents.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-console-fanin-"))

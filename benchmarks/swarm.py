@@ -89,7 +89,9 @@ async def run_controlled(count: int, base_port: int, keys: str, gpus: int, inter
             for client in agent.clients:
                 by_mode[str(client.mode)] += client.sent
             sent[port] = by_mode
-        return json.dumps({"sent": sent, "dropped": sum(a.dropped_frames for a in agents)})
+        return json.dumps({"sent": sent, "dropped": sum(a.dropped_frames for a in agents),
+                           "published": sum(a.ring.last_seq for a in agents),
+                           "clients": sum(1 for a in agents for c in a.clients if c.subscribed)})
 
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.conftest import wait_until_sync
 
 
 def http_ok(url: str) -> bool:
@@ -31,12 +32,11 @@ def served(argv: list[str], log: Path, ready_url: str, timeout: float) -> Iterat
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout
-        ready = http_ok(ready_url)
-        while not ready and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling the readiness endpoint, not synchronising on time
-            ready = http_ok(ready_url)
-        yield proc if ready else None
+        try:
+            wait_until_sync(lambda: http_ok(ready_url) or proc.poll() is not None, timeout, "the server ready")
+        except AssertionError:
+            pass  # never ready: said below as None
+        yield proc if proc.poll() is None and http_ok(ready_url) else None
     finally:
         try:
             os.kill(proc.pid, signal.SIGCONT)

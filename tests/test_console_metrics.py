@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 
-from console.fleet.hostlist import parse_endpoints
 from console.runtime.config import ConfigError, parse_cluster
 from console.runtime.core import RuntimeOptions, build_runtime
 from console.runtime.metrics import serve_metrics
 from tests.conftest import start_agent, stop_agent, wait_until, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
 from tests.test_prometheus_dashboard import _LABEL_VALUES, _regex_escape, substitute
-from tests.test_runtime_loop import FakeJob
+from tests.test_runtime_loop import FakeJob, agents_beside, runtime_over
 
 DASHBOARD = Path(__file__).parent.parent / "deploy" / "grafana" / "gridwatch-console.json"
 
@@ -75,21 +74,11 @@ def test_metrics_address_is_checked_in_cluster_toml_and_a_taken_port_is_one_sent
 
 
 async def test_a_real_incident_shows_in_the_console_metrics_and_every_dashboard_panel_answers(keys, tmp_path) -> None:
-    from agents.trainer_link import TrainerLink
-
     names = ["node-1", "node-2", "node-3"]
     job = FakeJob(tmp_path, names)
-    agents = []
-    for name in names:
-        job.up(name)
-        ra = await start_agent(keys, name=name, gpus=2, interval=0.1)
-        ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
-        ra.agent.trainer.start()
-        agents.append(ra)
+    agents = await agents_beside(keys, job)
     db = tmp_path / "incidents.db"
-    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(",".join(a.spec for a in agents)),
-                                           key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
-                                           db_path=str(db), operator="alice", tick_interval=0.1))
+    runtime = runtime_over(agents, keys, db)
     metrics = serve_metrics(runtime, "127.0.0.1:0")
     store = runtime.plan_store
 
@@ -100,8 +89,8 @@ async def test_a_real_incident_shows_in_the_console_metrics_and_every_dashboard_
         job.step = 36
         for name in ("node-1", "node-3"):
             job.up(name)
-        while not any(r.cmd == "restart_from" for n in ("node-1", "node-3") for r in job.servers[n].take()):
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: any(r.cmd == "restart_from" for n in ("node-1", "node-3") for r in job.servers[n].take()),
+                         30, "the restart sent to the re-formed job")
         await asyncio.sleep(1.0)  # the restore itself: the console sees the job back at step 36
         while True:
             job.step += 1

@@ -25,6 +25,7 @@ from console.fleet.hostlist import parse_endpoints
 from console.runtime.leader import Election, EtcdClient, Role
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
 from tests.etcd_server import running_etcd
+from tests.test_runtime_loop import agents_beside
 from trainer.control_server import ControlServer
 
 OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
@@ -178,19 +179,12 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
     with running_etcd(tmp_path / "etcd") as etcd:
         if etcd is None:
             pytest.skip("etcd could not start here (/usr/bin/etcd)")
-        from agents.trainer_link import TrainerLink
-
         names = ["node-1", "node-2", "node-3"]
         job = Job(tmp_path, names)
         agents = []
         consoles: list[subprocess.Popen] = []
         try:
-            for name in names:
-                job.up(name)
-                ra = await start_agent(keys, name=name, gpus=2, interval=1.0, scene_dir=str(tmp_path / "scenes" / name))
-                ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
-                ra.agent.trainer.start()
-                agents.append(ra)
+            agents = await agents_beside(keys, job, names, interval=1.0, scenes=tmp_path / "scenes")
             spec = ",".join(a.spec for a in agents)
             dbs = [tmp_path / "a" / "incidents.db", tmp_path / "b" / "incidents.db"]
             logs = [tmp_path / "a.log", tmp_path / "b.log"]

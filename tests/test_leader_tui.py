@@ -20,8 +20,9 @@ from console.runtime.core import RuntimeOptions, build_runtime
 from console.tui.app import GridwatchApp
 from console.tui.screens import FleetScreen, IncidentsScreen, NodeScreen
 from console.tui.screens.confirm import ConfirmScreen
-from tests.conftest import start_agent, stop_agent, wait_until
+from tests.conftest import stop_agent, wait_until
 from tests.etcd_server import running_etcd
+from tests.test_runtime_loop import agents_beside
 from tests.test_leader import OPERATOR, Job, _action_events, _console, _incidents, _steps
 
 SIZE = (200, 45)  # wide enough for the status bar to show the whole role
@@ -45,19 +46,12 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
     with running_etcd(tmp_path / "etcd") as etcd:
         if etcd is None:
             pytest.skip("etcd could not start here (/usr/bin/etcd)")
-        from agents.trainer_link import TrainerLink
-
         names = ["node-1", "node-2", "node-3"]
         job = Job(tmp_path, names)
         agents = []
         consoles: list[subprocess.Popen] = []
         try:
-            for name in names:
-                job.up(name)
-                ra = await start_agent(keys, name=name, gpus=2, interval=1.0, scene_dir=str(tmp_path / "scenes" / name))
-                ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
-                ra.agent.trainer.start()
-                agents.append(ra)
+            agents = await agents_beside(keys, job, names, interval=1.0, scenes=tmp_path / "scenes")
             spec = ",".join(a.spec for a in agents)
             dbs = [tmp_path / "a" / "incidents.db", tmp_path / "b" / "incidents.db", tmp_path / "c" / "incidents.db"]
             logs = [tmp_path / "a.log", tmp_path / "b.log"]

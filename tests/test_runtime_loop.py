@@ -69,23 +69,37 @@ class FakeJob:
         return server
 
 
-async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_recovered_with_its_times(
-        keys, tmp_path) -> None:
+async def agents_beside(keys, job, names: list[str] | None = None, interval: float = 0.1,  # noqa: ANN001
+                        scenes: Path | None = None) -> list:
+    """A real agent per node of ``job`` (a stand-in job: ``up(name)``, ``paths``), each relaying that
+    node's trainer control socket; scenes kept under ``scenes/<node>`` when given."""
     from agents.trainer_link import TrainerLink
 
-    names = ["node-1", "node-2", "node-3"]
-    job = FakeJob(tmp_path, names)
     agents = []
-    for name in names:
+    for name in names if names is not None else job.names:
         job.up(name)
-        ra = await start_agent(keys, name=name, gpus=2, interval=0.1)
+        extra = {"scene_dir": str(scenes / name)} if scenes is not None else {}
+        ra = await start_agent(keys, name=name, gpus=2, interval=interval, **extra)
         ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
         ra.agent.trainer.start()
         agents.append(ra)
+    return agents
+
+
+def runtime_over(agents: list, keys, db: Path):  # noqa: ANN001, ANN201 - a ConsoleRuntime as `gridwatch console` builds it
+    """The console's runtime over ``agents``, built by ``build_runtime`` as the console builds it."""
+    return build_runtime(RuntimeOptions(endpoints=parse_endpoints(",".join(a.spec for a in agents)),
+                                        key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
+                                        db_path=str(db), operator="alice", tick_interval=0.1))
+
+
+async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_recovered_with_its_times(
+        keys, tmp_path) -> None:
+    names = ["node-1", "node-2", "node-3"]
+    job = FakeJob(tmp_path, names)
+    agents = await agents_beside(keys, job)
     db = tmp_path / "incidents.db"
-    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(",".join(a.spec for a in agents)),
-                                           key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
-                                           db_path=str(db), operator="alice", tick_interval=0.1))
+    runtime = runtime_over(agents, keys, db)
     store = runtime.plan_store
     steps_when_recovered: list[int | None] = []
     runtime.hooks.recovered.append(lambda row: steps_when_recovered.append(runtime.job_step()))
