@@ -635,7 +635,11 @@ class Agent:
                     client.folded += 1
                     continue
                 summary.after, summary.every = client.last_sent, client.every
-                client.since_summary = summary.ts
+                last = client.since_summary
+                # On the cadence's own schedule, not the sample's: every 2.5 s at 1 s ticks comes 3, 2, 3, 2 s
+                # apart (2.5 on average), not 3 s each; after a long silence the schedule starts again.
+                client.since_summary = summary.ts if last is None or summary.ts - last >= 2 * client.every \
+                    else last + client.every
                 write(p.encode(summary))
             client.last_sent = seq
             client.sent += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeAlias, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union, get_args
 
 import msgspec
 
@@ -79,6 +79,8 @@ def clean_text(value: str, limit: int = MAX_LINE_CHARS) -> str:
     Removing ESC alone defuses every ANSI/OSC sequence: what remains (``[31m``)
     is harmless printable text, kept so an operator can see something was there.
     """
+    if len(value) <= limit and value.isascii() and value.isprintable():
+        return value  # printable ASCII holds no control character: nothing to drop
     if len(value) > limit:
         value = value[:limit] + "…"
     value = _WHITESPACE_CONTROL.sub(" ", value)
@@ -88,7 +90,7 @@ def clean_text(value: str, limit: int = MAX_LINE_CHARS) -> str:
 # --------------------------------------------------------------------------- data
 
 
-class GpuInfo(msgspec.Struct, kw_only=True):
+class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
     """Static facts about one GPU (``nvidia-smi -L``)."""
 
     index: int
@@ -100,7 +102,7 @@ class GpuInfo(msgspec.Struct, kw_only=True):
     driver: Text | None = None  # nvmlSystemGetDriverVersion (dcgm's DCGM_FI_DRIVER_VERSION label)
 
 
-class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+class GpuSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """One reading of one GPU. ``None`` means N/A: not supported or not readable."""
 
     index: int
@@ -149,7 +151,7 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     nvlink_link_rx_bps: list[float | None] = []
 
 
-class NicSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NicSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     name: Text
     rx_bps: float = 0.0
     tx_bps: float = 0.0
@@ -161,7 +163,7 @@ class NicSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     speed_mbps: float | None = None
 
 
-class IbPortSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+class IbPortSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """One InfiniBand / RoCE HCA port (``ibstat``; ``/sys/class/infiniband/<device>/ports/<port>``).
 
     Only error counters that are not zero travel (``errors``), and only those that grew since the
@@ -181,7 +183,7 @@ class IbPortSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     saturated: list[Text] = []  # counters pinned at their maximum: they can no longer show news
 
 
-class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+class HostSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     cpu_percent: float | None = None
     mem_used_mb: float | None = None
     mem_total_mb: float | None = None
@@ -197,7 +199,7 @@ class HostSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     ib: list[IbPortSample] = []  # HCA ports; empty on a node without InfiniBand / RoCE
 
 
-class AgentStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+class AgentStats(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """The agent's own footprint, so the console can show that it is cheap."""
 
     cpu_percent: float | None = None
@@ -209,7 +211,7 @@ class AgentStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     tick_ms: float | None = None
 
 
-class StackFingerprint(msgspec.Struct, kw_only=True):
+class StackFingerprint(msgspec.Struct, gc=False, kw_only=True):
     """The software a node runs; two nodes of one job should hash the same."""
 
     driver: Text | None = None
@@ -221,7 +223,7 @@ class StackFingerprint(msgspec.Struct, kw_only=True):
     hash: Text = Text("")
 
 
-class TrainerStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
+class TrainerStatus(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """What the local trainer reports over its control socket, relayed as-is."""
 
     job: Text | None = None
@@ -249,7 +251,10 @@ class TrainerStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
 # ------------------------------------------------------------------ agent → console
 
 
-class Frame(msgspec.Struct, tag_field="type", kw_only=True):
+class Frame(msgspec.Struct, tag_field="type", kw_only=True, gc=False):
+    # gc=False here and on every struct a frame holds: frames are trees of JSON values, never
+    # cycles, and a console keeping the newest frame of 12,500 nodes would otherwise hand the
+    # cyclic collector a million objects to walk on every full collection.
     v: int = PROTOCOL_VERSION
     seq: int = 0
     ts: float = 0.0
@@ -290,7 +295,10 @@ class StreamMode(StrEnum):
     SUMMARY = "summary"
 
 
-class GpuBrief(msgspec.Struct, array_like=True):
+GpuStateWord = Annotated[str, msgspec.Meta(pattern="^[a-z_]{1,32}$")]  # ok | lost | hung, and words to come
+
+
+class GpuBrief(msgspec.Struct, array_like=True, gc=False):
     """One GPU in a summary, as a JSON array: what the heatmap, the fleet table and GPU health read.
 
     Rounded: whole %, °C, W and MB say all a fleet view shows. ``None`` is N/A, as in a sample.
@@ -302,24 +310,33 @@ class GpuBrief(msgspec.Struct, array_like=True):
     power_w: int | None = None
     mem_used_mb: int | None = None
     mem_total_mb: int | None = None
-    state: Text = Text("ok")
+    # A word checked by the decoder itself (no per-GPU text hook); a state no console knows still decodes.
+    state: GpuStateWord = "ok"
     ecc_sbe: int | None = None
     ecc_dbe: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failed: bool | None = None
-    throttle: list[Text] = []
+    throttle: tuple[Text, ...] = ()  # a tuple: the empty one is shared, not a new list per GPU per frame
 
 
 def _rounded(value: float | None) -> int | None:
     return None if value is None else int(round(value))
 
 
+def _state_word(state: str) -> str:
+    """A GPU state as the summary's decoder accepts it (a word of lower-case letters); anything else reads "unknown"."""
+    return state if _STATE_WORD.fullmatch(state) else "unknown"
+
+
+_STATE_WORD = re.compile("[a-z_]{1,32}")
+
+
 def gpu_brief(gpu: GpuSample) -> GpuBrief:
     """A GPU's sample cut to its summary."""
     return GpuBrief(
         gpu.index, _rounded(gpu.util), _rounded(gpu.temp_c), _rounded(gpu.power_w), _rounded(gpu.mem_used_mb),
-        _rounded(gpu.mem_total_mb), gpu.state, gpu.ecc_sbe, gpu.ecc_dbe, gpu.remapped_rows_pending,
-        gpu.remapped_rows_failed, gpu.throttle,
+        _rounded(gpu.mem_total_mb), _state_word(gpu.state), gpu.ecc_sbe, gpu.ecc_dbe, gpu.remapped_rows_pending,
+        gpu.remapped_rows_failed, tuple(gpu.throttle),
     )
 
 
@@ -352,7 +369,7 @@ class Summary(Frame, tag="summary"):
         gpus = [GpuSample(index=g.index, util=g.util, temp_c=g.temp_c, power_w=g.power_w, mem_used_mb=g.mem_used_mb,
                           mem_total_mb=g.mem_total_mb, state=g.state, ecc_sbe=g.ecc_sbe, ecc_dbe=g.ecc_dbe,
                           remapped_rows_pending=g.remapped_rows_pending, remapped_rows_failed=g.remapped_rows_failed,
-                          throttle=g.throttle) for g in self.gpus]
+                          throttle=list(g.throttle)) for g in self.gpus]
         return Sample(gpus=gpus, host=host, trainer=self.trainer, isolated=self.isolated,
                       patrol_failing=self.patrol_failing, seq=self.seq, ts=self.ts, node=self.node, v=self.v)
 
@@ -455,7 +472,7 @@ class Subscribe(Frame, tag="subscribe"):
     watches: list[Watch] = []  # metric conditions the agent evaluates and reports (condition_held / _cleared)
 
 
-class Watch(msgspec.Struct, kw_only=True):
+class Watch(msgspec.Struct, gc=False, kw_only=True):
     """A metric condition for the agent to evaluate: ``metric op threshold`` held ``hold`` seconds. Data, never code.
 
     ``metric`` is one of :data:`WATCH_METRICS`; ``name`` (the playbook's) and the
@@ -615,15 +632,28 @@ class FrameError(ValueError):
         self.code = code
 
 
+# Short node text repeats in every frame (node names, GPU states, job and phase names): each is
+# cleaned once and the same Text returned after. Bounded, so unique strings cannot grow it.
+_TEXT_SEEN: dict[str, Any] = {}
+_TEXT_SEEN_CHARS = 64
+_TEXT_SEEN_MAX = 16_384
+
+
 def text_dec_hook(type_: type, obj: Any) -> Any:
     """msgspec ``dec_hook`` that cleans every :class:`Text` field; for any decoder of node text.
 
     Every dict a node fills is keyed by :class:`Text` too, so keys pass through here as well.
     """
     if type_ is Text:
+        cached = _TEXT_SEEN.get(obj) if isinstance(obj, str) else None
+        if cached is not None:
+            return cached
         if not isinstance(obj, str):
             raise msgspec.ValidationError(f"expected a string, got {type(obj).__name__}")
-        return Text(clean_text(obj))
+        text = Text(clean_text(obj))
+        if len(obj) <= _TEXT_SEEN_CHARS and len(_TEXT_SEEN) < _TEXT_SEEN_MAX:
+            _TEXT_SEEN[obj] = text
+        return text
     raise NotImplementedError(f"unsupported type {type_!r}")
 
 

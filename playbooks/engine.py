@@ -68,7 +68,8 @@ class NodeState:
 
     name: str
     endpoint: str = ""
-    interval: float = 1.0
+    interval: float = 1.0  # the heartbeat in force: the hello's tick, or the summaries' cadence while they come
+    hello_interval: float = 1.0
     last_seen: float = 0.0
     job: str = ""
     stack_hash: str = ""
@@ -197,12 +198,15 @@ class Engine:
         if isinstance(frame, Summary):
             # Its cadence is the node's heartbeat now (lost after 3 of them). It is read as a
             # sample (isolated, trainer) and made one only if a playbook needs its metrics.
-            node.interval = max(node.interval, frame.every)
+            node.interval = max(node.hello_interval, frame.every)
+        elif isinstance(frame, Sample):
+            node.interval = node.hello_interval  # whole samples again (an operator opened it): one a tick
         if isinstance(frame, Event) and frame.kind in ("condition_held", "condition_cleared"):
             return self._agent_condition(node, frame, now)
         if isinstance(frame, Hello):
             node.hello_ident = self._frame_ident
-            node.interval = frame.interval if frame.interval > 0 else node.interval
+            node.hello_interval = frame.interval if frame.interval > 0 else node.hello_interval
+            node.interval = node.hello_interval
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
             # Stacks are compared on tick, once the hellos that arrive together are all in.

@@ -76,8 +76,8 @@ def make_app(names: list[str] | None = None, *, read_only: bool = False, role: s
              fleet: RecordingFleet | None = None) -> GridwatchApp:
     store = StateStore(ManualClock(T0))
     fill_fleet(store, names if names is not None else [f"node{i:02d}" for i in range(1, 9)])
-    for node in store.nodes.values():
-        node.role = role
+    for node in list(store.nodes.values()):
+        store.set_link(node.key, node.link, role=role)  # the role the agent gave, as the fleet records it
     incidents = MemoryIncidents(store.clock)
     incidents.add(IncidentRow(id="inc-1", severity="critical", node="node03", title="XID 79: GPU fell off the bus",
                               state="open", detected_at=T0 - 30, playbook="gpu-lost",
@@ -285,8 +285,8 @@ async def test_isolate_and_unisolate_from_the_node_view_say_what_happens_and_are
 
     store = StateStore(ManualClock(T0))
     fill_fleet(store, ["node01", "node02"])
-    for node in store.nodes.values():
-        node.role = "operator"
+    for node in list(store.nodes.values()):
+        store.set_link(node.key, node.link, role="operator")
     db = IncidentStore(tmp_path / "incidents.db", store.clock)
     fleet = RecordingFleet()
     runtime = ConsoleRuntime(store, fleet=fleet, incidents=StoreIncidents(db), plan_store=db, operator="alice",

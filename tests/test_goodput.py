@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
 
 from agents.protocol import Text, TrainerStatus
-from console.fleet.goodput import LOSSES, GoodputTracker, IncidentSpan, TimeUse, reliability
+from console.fleet.goodput import (LOSSES, STALE_S, GoodputTracker, IncidentSpan, JobPhase, Piece, TimeUse,
+                                   reliability)
 from playbooks.clock import ManualClock
 
 GPUS = 8
@@ -156,3 +160,114 @@ def test_a_node_starting_behind_a_job_that_trains_on_costs_nothing() -> None:
     run = tracker.breakdown()
     assert run.goodput == pytest.approx(1.0)
     assert run.seconds[TimeUse.STARTUP] == 0.0 and run.seconds[TimeUse.WAITING] == 0.0
+
+
+# ------------------------------------------------- the job's state, kept as statuses come
+
+
+class WalkEveryNode:
+    """The job's state computed the first way: every node's last status walked at every status (O(nodes))."""
+
+    PRIORITY = (JobPhase.RESTARTING, JobPhase.REFORMING, JobPhase.CHECKPOINTING, JobPhase.STARTING,
+                JobPhase.JOINING, JobPhase.PAUSED, JobPhase.TRAINING, JobPhase.UNKNOWN)
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[float, TrainerStatus, int]] = {}
+
+    def state(self, now: float) -> tuple[int | None, JobPhase, int | None, int]:
+        live = [(s, g) for at, s, g in self.nodes.values() if now - at <= STALE_S and str(s.phase) not in ("left", "done")]
+        if not live:
+            return None, JobPhase.ABSENT, None, 0
+        steps = [s.step for s, _ in live if s.step is not None]
+        top = max(steps) if steps else None
+        leading = [s for s, _ in live if s.step == top] if top is not None else [s for s, _ in live]
+        phases = set()
+        for s in leading:
+            try:
+                phases.add(JobPhase(str(s.phase)))
+            except ValueError:
+                phases.add(JobPhase.UNKNOWN)
+        phase = next((p for p in self.PRIORITY if p in phases), JobPhase.UNKNOWN)
+        worlds = [s.world_size for s, _ in live if s.world_size is not None]
+        return top, phase, (max(worlds) if worlds else None), sum(g for _, g in live)
+
+
+def job_state(piece: Piece) -> tuple[int | None, JobPhase, int | None, int]:
+    return piece.step, piece.phase, piece.world, piece.gpus
+
+
+def test_the_job_state_kept_as_statuses_come_is_the_state_of_walking_every_node() -> None:
+    # Random runs of statuses and departures: times on a half-second grid (so a node is often exactly
+    # STALE_S old), gaps past STALE_S, explicit times out of order and ahead of the clock, every phase.
+    phases = [*(p.value for p in JobPhase), "left", "done", "warming-up"]
+    for seed in range(60):
+        rng = random.Random(seed)
+        clock = ManualClock(T0)
+        tracker = GoodputTracker(clock)
+        reference = WalkEveryNode()
+        names = [f"node-{i}" for i in range(rng.randint(1, 10))]
+        now = T0
+        for op in range(300):
+            now += rng.choice([0.0, 0.5, 0.5, 1.0, 2.5, STALE_S, STALE_S + 0.5, 40.0])
+            clock.set(now)
+            at = rng.choice([None, None, now, now - 0.5, now - 3.0, now - STALE_S, now - STALE_S - 0.5,
+                             now - 30.0, now + 2.0])
+            when = now if at is None else at
+            node = rng.choice(names)
+            where = f"seed {seed}, op {op}"
+            if rng.random() < 0.15:
+                known = node in reference.nodes
+                reference.nodes.pop(node, None)
+                before = len(tracker.pieces)
+                tracker.forget(node, at)
+                if not known:
+                    assert len(tracker.pieces) == before, where
+                    continue
+            else:
+                step = rng.choice([None, *range(max(op // 20 - 2, 0), op // 20 + 2)])
+                world = rng.choice([None, 1, 2, 4, 8])
+                trainer = TrainerStatus(job=Text("llama"), phase=Text(rng.choice(phases)), step=step,
+                                        world_size=world)
+                gpus = rng.choice([0, 4, 8])
+                reference.nodes[node] = (when, trainer, gpus)
+                tracker.observe(node, trainer, gpus, at)
+            assert job_state(tracker.pieces[-1]) == reference.state(when), where
+            probe = when + rng.choice([-40.0, -STALE_S, -1.0, 0.0, 0.5, STALE_S, STALE_S + 0.5])
+            assert tracker._job_state(probe) == reference.state(probe), f"{where}, probe {probe - T0}"
+
+
+def test_five_thousand_trainers_cost_the_same_few_entries_a_status_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each status moves its node's old entry out and its new one in; a node falling silent is moved once.
+    # Nodes joining at one step change the job's GPUs at every status: the timeline is not classified each time.
+    nodes = 5000
+    clock = ManualClock(T0)
+    tracker = GoodputTracker(clock)
+    settles = 0
+    settled = GoodputTracker._settled
+
+    def counted(self: GoodputTracker, now: float) -> list[Any]:
+        nonlocal settles
+        settles += 1
+        return settled(self, now)
+
+    monkeypatch.setattr(GoodputTracker, "_settled", counted)
+    reference = WalkEveryNode()
+    names = [f"node-{k:04d}" for k in range(nodes)]
+    for step in range(3):
+        for k, name in enumerate(names):
+            clock.set(T0 + step + k / nodes)
+            trainer = status("training", step, world=nodes)
+            tracker.observe(name, trainer, GPUS)
+            reference.nodes[name] = (clock.now(), trainer, GPUS)
+    assert job_state(tracker.pieces[-1]) == (2, JobPhase.TRAINING, nodes, nodes * GPUS)
+    assert tracker._trainers.visits <= 4 * 3 * nodes
+    # Half the nodes fall silent; the others go on, and the job's GPUs drop once the silent ones are stale.
+    for k, name in enumerate(names[: nodes // 2]):
+        clock.set(T0 + 3 + STALE_S + k / nodes)
+        trainer = status("training", 3, world=nodes // 2)
+        tracker.observe(name, trainer, GPUS)
+        reference.nodes[name] = (clock.now(), trainer, GPUS)
+    assert job_state(tracker.pieces[-1]) == reference.state(clock.now())
+    assert tracker.pieces[-1].gpus == nodes // 2 * GPUS
+    assert tracker._trainers.visits <= 4 * 3 * nodes + 4 * (nodes // 2) + 2 * nodes
+    assert settles <= 2

@@ -31,8 +31,8 @@ def _runtime(tmp_path: Path, fleet: RecordingFleet, hold: bool = False) -> Conso
         raw.close()
     store = StateStore(ManualClock(T0 + 3600))
     fill_fleet(store, ["node1", "node2", "node3"])
-    for node in store.nodes.values():
-        node.role = "operator"
+    for node in list(store.nodes.values()):
+        store.set_link(node.key, node.link, role="operator")
     return ConsoleRuntime(store, fleet=fleet, incidents=MemoryIncidents(store.clock),
                           plan_store=IncidentStore(db, store.clock))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.protocol import Event, GpuSample, Hello, LogLine, Sample, TrainerStatus
+from agents.protocol import Event, GpuSample, Hello, LogLine, Sample, Summary, TrainerStatus
 from playbooks.clock import ManualClock
 from playbooks.engine import Engine
 from playbooks.model import Playbook
@@ -35,6 +35,20 @@ def test_heartbeat_is_lost_after_three_intervals_of_the_injected_clock() -> None
     assert engine.tick() == []  # fires once per loss
     engine.observe("10.0.0.2:2222", Sample(node="node2"))
     assert engine.incident(plans[0].incident.id).recovered_at == clock.now()
+
+
+def test_the_heartbeat_follows_the_stream_in_force_summaries_then_whole_samples_again() -> None:
+    """Summaries every 5 s are a 15 s heartbeat; once the node sends whole samples again (an operator opened it), 3 s."""
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks("name: hb\ntrigger: {condition: heartbeat_lost}\nplan: [notify]\n"), clock)
+    _cluster(engine, clock, ["node1"], interval=1.0)
+    engine.observe("10.0.0.1:2222", Summary(node="node1", ts=clock.now(), every=5.0))
+    clock.advance(14.0)
+    assert engine.tick() == []  # under 3 x 5 s: not lost
+    engine.observe("10.0.0.1:2222", Sample(node="node1", ts=clock.now()))
+    clock.advance(3.5)
+    plans = engine.tick()
+    assert [(p.incident.node, p.incident.kind) for p in plans] == [("node1", "heartbeat_lost")]
 
 
 def test_metric_must_hold_for_its_whole_window() -> None:

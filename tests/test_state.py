@@ -234,3 +234,30 @@ def test_a_renamed_node_is_found_by_its_agent_name(store) -> None:
     store.apply(make_hello("gpu-17"), key="10.0.0.5:8022")
     assert store.by_name("gpu-17") is store.nodes["10.0.0.5:8022"]
     assert [r.name for r in store.node_rows()] == ["gpu-17"]
+
+
+def test_a_nodes_one_cell_reads_the_same_from_its_gpus_as_from_its_aggregate() -> None:
+    """The zoomed-out heatmap colours a node by its worst GPU without summing the rest: the same value either way."""
+    import random
+    from collections import Counter
+
+    from agents.protocol import GpuBrief
+    from agents.protocol import Summary, Text
+    from console.fleet.state import Metric, aggregate, worst_gpu, worst_of
+
+    rng = random.Random(7)
+
+    def maybe(value: int) -> int | None:
+        return None if rng.random() < 0.15 else value
+
+    for _ in range(400):
+        gpus = [GpuBrief(index=i, util=maybe(rng.randrange(101)), temp_c=maybe(rng.randrange(20, 100)),
+                         power_w=maybe(rng.randrange(50, 800)), mem_used_mb=maybe(rng.randrange(0, 81_920)),
+                         mem_total_mb=rng.choice([81_920, 0, None]), state=rng.choice(["ok"] * 6 + ["lost", "hung"]),
+                         ecc_dbe=rng.choice([0, 0, 0, 1, None]), ecc_sbe=rng.choice([0, 0, 3, None]),
+                         throttle=rng.choice([(), (), ("hw_thermal",)]))
+                for i in range(rng.randrange(0, 9))]
+        xids = Counter({rng.randrange(8): 1}) if rng.random() < 0.2 else Counter()
+        summary = Summary(node=Text("n1"), gpus=gpus)
+        for metric in Metric:
+            assert worst_gpu(gpus, metric, xids) == worst_of(aggregate(summary, xids), metric), (metric, gpus, xids)

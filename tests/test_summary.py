@@ -142,3 +142,48 @@ def test_a_watch_the_agent_cannot_evaluate_is_refused_with_a_reason():
                               p.Watch(name=p.Text("y"), metric=p.Text("gpu.util"), op=p.Text("=~"), threshold=1.0)])
     assert len(refused) == 2 and "cannot evaluate metric 'host.cpu'" in refused[0] and "comparison" in refused[1]
     assert not watcher
+
+
+async def test_a_console_set_to_summaries_every_3_s_gets_them_3_s_apart_and_an_xid_at_once(keys, tmp_path):
+    from console.runtime.config import parse_cluster
+    from console.runtime.core import RuntimeOptions, build_runtime
+
+    ra = await start_agent(keys, gpus=2, interval=0.5)
+    config = parse_cluster(f'nodes = "{ra.spec}"\nkey = "{keys.operator_key}"\nknown_hosts = "{keys.known_hosts}"\n'
+                           "summary_every = 3\n", str(tmp_path / "cluster.toml"))
+    runtime = build_runtime(RuntimeOptions.from_cluster(config, acting=False, tick_interval=0.1))
+    loop = asyncio.get_running_loop()
+    arrived: list[tuple[float, p.Frame]] = []
+    runtime.hooks.frame.append(lambda link, frame: arrived.append((loop.time(), frame)))
+    statuses: set[str] = set()
+
+    def summaries(n: int) -> bool:
+        node = runtime.store.by_name("node-1")
+        if node is not None and node.last_frame_at is not None:
+            statuses.add(str(runtime.store.status(node)))
+        return len([f for _, f in arrived if isinstance(f, p.Summary)]) >= n
+
+    await runtime.start()
+    try:
+        await wait_until(lambda: summaries(2), timeout=20, what="two summaries")
+        ra.agent.gpus.inject("xid", gpu=1, code=79)  # type: ignore[union-attr]
+        injected_at = loop.time()
+        await wait_until(lambda: any(isinstance(f, p.Event) and f.kind == "xid" for _, f in arrived), what="the XID")
+        xid_at = next(t for t, f in arrived if isinstance(f, p.Event) and f.kind == "xid")
+        # At once: not held back to the next summary, three seconds off at most.
+        assert xid_at - injected_at < 1.0
+        await wait_until(lambda: runtime.incidents.incidents(), what="an incident for the XID")  # type: ignore[union-attr]
+        await wait_until(lambda: summaries(4), timeout=20, what="four summaries")
+        got = [(t, f) for t, f in arrived if isinstance(f, p.Summary)]
+        assert all(f.every == 3.0 for _, f in got)
+        # Three seconds apart by the agent's clock (six samples of 0.5 s folded into each), and as they arrive.
+        apart = [b.ts - a.ts for (_, a), (_, b) in zip(got, got[1:])]
+        assert all(2.9 <= d <= 3.1 for d in apart), apart
+        assert all(2.5 <= tb - ta <= 3.5 for (ta, _), (tb, _) in zip(got[1:], got[2:]))
+        # Nothing lost and never stale: the samples between were folded on purpose.
+        link = next(iter(runtime.fleet.links.values()))  # type: ignore[union-attr]
+        assert link.gaps == 0 and link.bad_frames == 0 and link.every == 3.0
+        assert statuses == {"ok"}, statuses
+    finally:
+        await runtime.stop()
+        await stop_agent(ra)

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from agents.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from console.cli.ui import SUMMARY_EVERY_HELP, summary_every_arg
 from playbooks.model import SCHEDULERS
 
 if TYPE_CHECKING:  # imported when a demo starts, so that --help stays light
@@ -69,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="share the acting with other consoles through etcd (repeatable): the demo's console "
                            "campaigns for the lead; one attached with the demo's cluster.toml observes until "
                            "you take over there (key L)")
+    demo.add_argument("--summary-every", metavar="SECONDS|auto", type=summary_every_arg, default="auto",
+                      help=SUMMARY_EVERY_HELP)
     demo.add_argument("--watch-only", action="store_true",
                       help="playbooks make incidents but send no step that acts (isolate, restart, ...): a baseline")
     demo.set_defaults(func=_demo)
@@ -101,7 +104,7 @@ def _demo(args: argparse.Namespace) -> int:
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
         skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only, scheduler=args.scheduler,
-        etcd=tuple(args.etcd),
+        etcd=tuple(args.etcd), summary_every=args.summary_every,
     )
     if any(not u.startswith(("http://", "https://")) for u in args.etcd):
         print(f"gridwatch demo: --etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}", file=sys.stderr)

@@ -8,10 +8,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.exitcodes import EXIT_ERROR, EXIT_OK
 from console.cli.commands import add_target_options, cluster_config, resolve_targets
 from playbooks.model import SCHEDULERS
+
+if TYPE_CHECKING:
+    from console.runtime.config import SummaryEvery
 
 EPILOG = """\
 cluster.toml (paths are relative to the file):
@@ -29,6 +33,7 @@ cluster.toml (paths are relative to the file):
   alertmanager = "http://am:9093"     # optional: notify steps page through Alertmanager too
   metrics = "127.0.0.1:9400"          # optional: the console's own /metrics (goodput, incidents, actions)
   prometheus = "http://prom:9090"     # optional: the fleet from Prometheus too (nodes may then be left out)
+  summary_every = "auto"              # optional: seconds between a node's summaries, or auto (by fleet size)
 An unknown key or a wrong type is one line naming the file and the key; exit 2.
 
 keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME)
@@ -39,6 +44,21 @@ keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME
 def default_db() -> str:
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "gridwatch"
     return str(state / "incidents.db")
+
+
+SUMMARY_EVERY_HELP = ("seconds between each node's compact summary in the fleet view, or auto (default): one per "
+                     "sample up to 500 nodes, then a second per 500 nodes, at most 5 s; 0: one per sample. Events come at "
+                     "once and a node you open sends every sample whatever it is")
+
+
+def summary_every_arg(text: str) -> SummaryEvery:
+    """``--summary-every``'s argparse type: "auto" or seconds (console.runtime.config.parse_summary_every)."""
+    from console.runtime.config import parse_summary_every
+
+    try:
+        return parse_summary_every(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="share the acting with the cluster's other consoles: one leads through an etcd lease, the "
                          "others observe (repeatable; default: cluster.toml's). An interactive console observes "
                          "until you take over (key L)")
+    ap.add_argument("--summary-every", metavar="SECONDS|auto", type=summary_every_arg,
+                    help=SUMMARY_EVERY_HELP + " (default: cluster.toml's, else auto)")
     ap.set_defaults(func=_console)
 
 
@@ -108,6 +130,8 @@ def _console(args: argparse.Namespace) -> int:
                 raise ValueError(f"--prometheus: {exc}") from None
         if args.scheduler:
             overrides["scheduler"] = args.scheduler
+        if args.summary_every is not None:
+            overrides["summary_every"] = args.summary_every
         if args.metrics:
             from console.runtime.metrics import parse_metrics_addr
 
@@ -168,6 +192,12 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
     node_count = len(getattr(runtime.fleet, "links", {}) or {})
     print(clean_text(f"console: {node_count} nodes, scheduler {runtime.scheduler}, acting as {runtime.operator}"
                      + (", read-only" if runtime.read_only_flag else "")), flush=True)
+    fleet_options = getattr(runtime.fleet, "options", None)
+    if fleet_options is not None:
+        # Once: how often each node's summary comes (the setting, or what "auto" made of the fleet's size).
+        from console.runtime.config import cadence_line
+
+        print(cadence_line(fleet_options.summary_every, len(getattr(runtime.fleet, "links", ()))), flush=True)
     if runtime.election is not None:
         # One line each time this console's role changes: "leader (token 42)", "observer; host-2 leads".
         runtime.election.on_change.append(lambda standing: print(clean_text(standing.line), flush=True))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -24,6 +24,9 @@ from console.demo.cluster import Cluster, ClusterOptions
 from console.demo.progress import TrainingWatch
 from console.demo.summary import DemoSummary, FaultRecord, IncidentFacts, summarize
 from console.runtime.core import ConsoleRuntime
+
+if TYPE_CHECKING:
+    from console.runtime.config import SummaryEvery
 
 Say = Callable[[str], None]
 # A fault the demo injected itself and the agent's own report of it are one fault.
@@ -45,6 +48,7 @@ class DemoOptions:
     # etcd endpoints: the demo's console campaigns for the lead, and a console attached with its
     # cluster.toml shares the acting with it (one leads, the others observe).
     etcd: tuple[str, ...] = ()
+    summary_every: SummaryEvery = "auto"  # seconds between a node's summaries, or "auto" (by the fleet's size)
 
 
 class DemoSession:
@@ -91,7 +95,8 @@ class DemoSession:
         path = write_cluster(self.dir / "cluster.toml", ClusterConfig(
             nodes=[n.endpoint for n in state.nodes], key=str(Path(state.operator_key).resolve()),
             known_hosts=str(Path(state.known_hosts).resolve()), db=str((self.dir / "incidents.db").resolve()),
-            scheduler=self.options.scheduler, operator=self.options.operator, etcd=list(self.options.etcd)))
+            scheduler=self.options.scheduler, operator=self.options.operator, etcd=list(self.options.etcd),
+            summary_every=self.options.summary_every))
         try:
             options = RuntimeOptions.from_cluster(
                 load_cluster(path), backoff_max=2.0, tick_interval=self.options.tick_interval,
@@ -111,6 +116,11 @@ class DemoSession:
             # A line each time the demo's console changes role, as a headless console prints.
             runtime.election.on_change.append(lambda standing: self._progress(standing.line))
         self.runtime, self.fleet, self.store, self.engine = runtime, runtime.fleet, runtime.plan_store, runtime.engine
+        fleet_options = getattr(runtime.fleet, "options", None)
+        if fleet_options is not None:
+            from console.runtime.config import cadence_line
+
+            self._progress(cadence_line(fleet_options.summary_every, len(getattr(runtime.fleet, "links", ()))))
         mode = "active" if self.options.act else "watching only (no step that acts is sent)"
         count = len(runtime.engine.playbooks) if runtime.engine is not None else 0
         self._progress(f"{count} playbooks {mode}; incidents and audit in {self.dir / 'incidents.db'}; "

@@ -22,7 +22,8 @@ package's ``BadputType``), in a GPU job's words:
 
 Productive time is the typical step time of each step kept. Productive time
 and the losses add up to wall time exactly, over the run and over every
-window. The tracker is fed one trainer status at a time (O(1)); a breakdown
+window. The tracker is fed one trainer status at a time (O(1): the job's state
+is kept up to date as trainers come, change and fall silent); a breakdown
 is computed on demand from the compact timeline it keeps (one piece per
 change of the job's step or phase), with the incidents known by then, since
 an incident is often opened after the stall it explains. Time comes from an
@@ -33,10 +34,11 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from agents.protocol import TrainerStatus
 from playbooks.clock import Clock, SystemClock
@@ -73,7 +75,7 @@ STALE_S = 15.0
 MAX_PIECES = 50_000
 # A restore this soon after an incident's recovery is still the incident's (see GoodputTracker.cost).
 ROLLBACK_GRACE_S = 60.0
-# Pieces left unclassified at most before the tracker settles them without being asked.
+# Pieces of ended stretches left unclassified at most before the tracker settles them without being asked.
 _SETTLE_EVERY = 500
 # Step times remembered per world size for its typical step (the recent pace).
 _PACE_MEMORY = 2000
@@ -106,6 +108,7 @@ _BY_PHASE: dict[JobPhase, TimeUse] = {
     JobPhase.REFORMING: TimeUse.REFORM, JobPhase.JOINING: TimeUse.WAITING, JobPhase.STARTING: TimeUse.STARTUP,
 }
 _GONE = frozenset({"left", "done"})
+_K = TypeVar("_K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +233,7 @@ class GoodputTracker:
         self.max_pieces = max_pieces
         self.pieces: list[Piece] = []
         self.rollbacks: list[Rollback] = []
-        self._nodes: dict[str, tuple[float, TrainerStatus, int]] = {}  # node -> (when, status, GPUs)
+        self._trainers = _Trainers()  # every node's last status, and the job's state they make
         self._last_step: int | None = None
         self._folded = Breakdown(0.0, 0.0)  # stretches dropped for memory, already classified
         self._base = 0  # absolute index of pieces[0]
@@ -239,6 +242,7 @@ class GoodputTracker:
         self._closed_ends: list[float] = []
         self._totals = dict.fromkeys(TimeUse, 0.0)  # over self._closed
         self._resume = 0  # absolute index of the first piece of the stretch under way
+        self._stretch = 0  # absolute index of the piece that began the newest stretch (its step changed)
         self._resume_step: int | None = None
         self._applied = 0  # rollbacks already taken back from the settled stretches
         self._sig: dict[str, tuple[float, float, float | None]] = {}
@@ -252,29 +256,18 @@ class GoodputTracker:
     # ----------------------------------------------------------------- feeding
 
     def observe(self, node: str, status: TrainerStatus, gpus: int = 0, at: float | None = None) -> None:
-        """One trainer status from ``node`` (with its GPU count); O(1) unless the job's state changed."""
+        """One trainer status from ``node`` (with its GPU count); O(1), plus a piece when the job's state changed."""
         now = self.clock.now() if at is None else at
-        self._nodes[node] = (now, status, gpus)
+        self._trainers.put(node, now, status, gpus)
         self._note(now)
 
     def forget(self, node: str, at: float | None = None) -> None:
         """``node`` is gone (its link is down, it was isolated): its last status no longer speaks for the job."""
-        if self._nodes.pop(node, None) is not None:
+        if self._trainers.drop(node):
             self._note(self.clock.now() if at is None else at)
 
     def _job_state(self, now: float) -> tuple[int | None, JobPhase, int | None, int]:
-        live = [(status, gpus) for at, status, gpus in self._nodes.values()
-                if now - at <= STALE_S and str(status.phase) not in _GONE]
-        if not live:
-            return None, JobPhase.ABSENT, None, 0
-        steps = [s.step for s, _ in live if s.step is not None]
-        top = max(steps) if steps else None
-        # The trainers at the job's step carry it: one node starting or joining behind them holds nothing back.
-        leading = [s for s, _ in live if s.step == top] if top is not None else [s for s, _ in live]
-        phases = {_phase(str(s.phase)) for s in leading}
-        phase = next((p for p in _PRIORITY if p in phases), JobPhase.UNKNOWN)
-        worlds = [s.world_size for s, _ in live if s.world_size is not None]
-        return top, phase, (max(worlds) if worlds else None), sum(g for _, g in live)
+        return self._trainers.state(now)
 
     def _note(self, now: float) -> None:
         step, phase, world, gpus = self._job_state(now)
@@ -283,17 +276,21 @@ class GoodputTracker:
             return
         if last is not None and now < last.start:
             now = last.start  # clocks of two nodes interleave: time never runs backwards here
-        if step is not None:
+        if step is not None and step != self._last_step:
             if self._last_step is not None and step < self._last_step:
                 self.rollbacks.append(Rollback(now, self._last_step, step))
             self._last_step = step
+            self._stretch = self._base + len(self.pieces)
         self._learn_pace(now, step, phase, world)
         self.pieces.append(Piece(now, step, phase, world, gpus))
         self._cache = None
         if len(self.pieces) > self.max_pieces:
             self._fold(now)
-        elif self._base + len(self.pieces) - self._resume > _SETTLE_EVERY:
-            self._settled(now)  # a console nobody reads still classifies as it goes, in small bites
+        elif self._stretch - self._resume > _SETTLE_EVERY:
+            # A console nobody reads still classifies as it goes, in small bites: the stretches that ended.
+            # The one under way is classified when read; settling it here at every piece (thousands of
+            # nodes joining at one step) would cost its length each time.
+            self._settled(now)
 
     def _learn_pace(self, now: float, step: int | None, phase: JobPhase, world: int | None) -> None:
         typ = self._typ
@@ -525,11 +522,163 @@ def reliability(spans: list[IncidentSpan], wall_s: float | None) -> Reliability:
     )
 
 
+# A trainer's phase text to the job phase it names: a lookup, so no enum is built per frame.
+_PHASES: dict[str, JobPhase] = {phase.value: phase for phase in JobPhase}
+
+
 def _phase(text: str) -> JobPhase:
-    try:
-        return JobPhase(text)
-    except ValueError:
-        return JobPhase.UNKNOWN
+    return _PHASES.get(text, JobPhase.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """A node's last trainer status, reduced to what the job's state needs."""
+
+    at: float
+    step: int | None
+    phase: JobPhase
+    world: int | None
+    gpus: int
+
+
+class _Trainers:
+    """The job's trainers by their last status, and the job's state they make, kept up to date in O(1) a status.
+
+    A trainer is live while heard within ``STALE_S`` of the time the state is
+    asked for and not left or done. Live trainers are counted by step, by phase
+    at each step and by world size, and their GPUs summed; the top step and the
+    largest world are recomputed (over their distinct values) only when their
+    last holder leaves. Live and silent trainers are each kept in order of when
+    they were heard, the silent ones all earlier, so one falls silent (or, when
+    an earlier time is asked for, counts again) by crossing the boundary
+    between the two: each status moves only the trainers that cross it.
+    """
+
+    def __init__(self) -> None:
+        self.reports: dict[str, _Report | None] = {}  # node -> its last status (None: left or done)
+        self._live: OrderedDict[str, _Report] = OrderedDict()  # heard recently, oldest first
+        self._quiet: OrderedDict[str, _Report] = OrderedDict()  # silent too long, oldest first
+        self._count = 0
+        self._gpus = 0
+        self._steps: dict[int, int] = {}  # step -> live trainers at it
+        self._phases: dict[int | None, dict[JobPhase, int]] = {}  # step -> phase -> live trainers
+        self._worlds: dict[int, int] = {}  # world size -> live trainers reporting it
+        self._top: int | None = None
+        self._world: int | None = None
+        self.visits = 0  # trainer entries added, removed or moved: the work the statuses cost
+
+    def put(self, node: str, at: float, status: TrainerStatus, gpus: int) -> None:
+        """``node``'s status, heard at ``at``, replaces its last one."""
+        self.drop(node)
+        if str(status.phase) in _GONE:
+            self.reports[node] = None
+            return
+        report = _Report(at, status.step, _phase(str(status.phase)), status.world_size, gpus)
+        self.reports[node] = report
+        live, quiet = self._live, self._quiet
+        # Usually the newest of all: appended at the end. Times passed out of order are put in their place.
+        if live and at >= live[next(iter(live))].at:
+            _insert(live, node, report)
+            self._add(report)
+        else:
+            _insert(quiet, node, report)  # the boundary is judged again when the state is asked for
+        self.visits += 1
+
+    def drop(self, node: str) -> bool:
+        """Forget ``node``'s last status; False if it had none."""
+        if node not in self.reports:
+            return False
+        report = self.reports.pop(node)
+        if report is not None:
+            if self._live.pop(node, None) is not None:
+                self._remove(report)
+            else:
+                del self._quiet[node]
+            self.visits += 1
+        return True
+
+    def state(self, now: float) -> tuple[int | None, JobPhase, int | None, int]:
+        """The job at ``now``: its top step, the phase of the trainers at it, its largest world and its GPUs."""
+        self._judge(now)
+        if not self._count:
+            return None, JobPhase.ABSENT, None, 0
+        # The trainers at the job's step carry it: one node starting or joining behind them holds nothing back.
+        # With no step yet, every live trainer is at step None.
+        phases = self._phases[self._top]
+        phase = next((p for p in _PRIORITY if p in phases), JobPhase.UNKNOWN)
+        return self._top, phase, self._world, self._gpus
+
+    def _judge(self, now: float) -> None:
+        """Move the trainers that fell silent by ``now`` out of the live ones, and those heard again back in."""
+        live, quiet = self._live, self._quiet
+        while live:
+            node = next(iter(live))
+            report = live[node]
+            if now - report.at <= STALE_S:
+                break
+            del live[node]
+            quiet[node] = report
+            self._remove(report)
+        while quiet:
+            node = next(reversed(quiet))
+            report = quiet[node]
+            if now - report.at > STALE_S:
+                break
+            del quiet[node]
+            live[node] = report
+            live.move_to_end(node, last=False)
+            self._add(report)
+
+    def _add(self, report: _Report) -> None:
+        self.visits += 1
+        self._count += 1
+        self._gpus += report.gpus
+        step, world = report.step, report.world
+        if step is not None:
+            self._steps[step] = self._steps.get(step, 0) + 1
+            if self._top is None or step > self._top:
+                self._top = step
+        at_step = self._phases.setdefault(step, {})
+        at_step[report.phase] = at_step.get(report.phase, 0) + 1
+        if world is not None:
+            self._worlds[world] = self._worlds.get(world, 0) + 1
+            if self._world is None or world > self._world:
+                self._world = world
+
+    def _remove(self, report: _Report) -> None:
+        self.visits += 1
+        self._count -= 1
+        self._gpus -= report.gpus
+        step, world = report.step, report.world
+        if step is not None:
+            if _decrement(self._steps, step) and step == self._top:
+                self._top = max(self._steps, default=None)
+        at_step = self._phases[step]
+        if _decrement(at_step, report.phase) and not at_step:
+            del self._phases[step]
+        if world is not None:
+            if _decrement(self._worlds, world) and world == self._world:
+                self._world = max(self._worlds, default=None)
+
+
+def _insert(order: OrderedDict[str, _Report], node: str, report: _Report) -> None:
+    """Put ``node`` into ``order`` (oldest first) after every entry heard no later than it."""
+    later: list[tuple[str, _Report]] = []
+    while order and order[next(reversed(order))].at > report.at:
+        later.append(order.popitem())
+    order[node] = report
+    for key, value in reversed(later):
+        order[key] = value
+
+
+def _decrement(counts: dict[_K, int], key: _K) -> bool:
+    """One fewer of ``key``; True when none is left (the key is gone)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+        return False
+    del counts[key]
+    return True
 
 
 class _Windows:

@@ -10,7 +10,7 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -20,6 +20,51 @@ from playbooks.notify import check_alertmanager_url
 
 class ConfigError(ValueError):
     """cluster.toml cannot be used; the message names the file, the key and what was expected."""
+
+
+# The summary cadence: each node's compact summary every this many seconds (events and the
+# full samples of the nodes an operator opens come at once whatever it is). "auto" follows
+# the fleet's size, because the console's cost per node is per message received (SSH and
+# decode), and a fleet view needs no more than a summary every few seconds past a thousand nodes.
+AUTO: Literal["auto"] = "auto"
+# auto: one summary per sample up to this many nodes, then a second between summaries per this many nodes.
+# A console pays ~45 µs of SSH per message whatever it holds: 500 messages a second is ~2 % of a core.
+AUTO_NODES_PER_SECOND = 500
+AUTO_MAX_EVERY = 5.0  # auto: at most this many seconds between summaries (dcgm-exporter collects every 30 s)
+MAX_SUMMARY_EVERY = 60.0  # a node silent for longer is no fleet view
+SummaryEvery = float | Literal["auto"]
+
+
+def summary_cadence(setting: SummaryEvery, nodes: int) -> float:
+    """Seconds between a node's summaries in a fleet of ``nodes``: ``setting``, or what "auto" makes of that size.
+
+    "auto" is one per sample (0) up to 500 nodes, then ``nodes / 500`` s, at most 5 s: 1,000 nodes, 2 s;
+    2,500 and more, 5 s. 0 means one summary per sample.
+    """
+    if setting == AUTO:
+        return 0.0 if nodes <= AUTO_NODES_PER_SECOND else min(nodes / AUTO_NODES_PER_SECOND, AUTO_MAX_EVERY)
+    return float(setting)
+
+
+def parse_summary_every(text: str) -> SummaryEvery:
+    """``--summary-every``'s value: "auto" or seconds from 0 (one per sample) to 60; ValueError saying what it takes."""
+    word = text.strip().lower()
+    if word == AUTO:
+        return AUTO
+    try:
+        value = float(word)
+    except ValueError:
+        raise ValueError(f"expected {EXPECTED['summary_every']}, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_SUMMARY_EVERY:
+        raise ValueError(f"expected {EXPECTED['summary_every']}, got {text!r}")
+    return value
+
+
+def cadence_line(every: float, nodes: int) -> str:
+    """The cadence in force, in one line: "summaries every 2.5 s from 2,500 nodes; full samples for nodes opened"."""
+    fleet = f"{nodes:,} node{'' if nodes == 1 else 's'}"
+    pace = f"summaries every {every:g} s" if every > 0 else "a summary per sample"
+    return f"{pace} from {fleet}; full samples for nodes opened"
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -40,6 +85,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     alertmanager: str | None = None  # Alertmanager's URL: notify steps page there too
     metrics: str | None = None  # HOST:PORT where the console serves its own /metrics
     prometheus: str | None = None  # a Prometheus query API (Thanos, VictoriaMetrics, Mimir): the fleet from it too
+    summary_every: SummaryEvery = AUTO  # seconds between a node's summaries, or "auto" (by the fleet's size)
 
     @property
     def node_spec(self) -> str:
@@ -72,6 +118,7 @@ EXPECTED: dict[str, str] = {
     "alertmanager": 'an http(s) URL of Alertmanager, e.g. "http://alertmanager:9093"',
     "metrics": 'HOST:PORT to serve the console\'s /metrics on, e.g. "127.0.0.1:9400"',
     "prometheus": 'an http(s) URL of a Prometheus query API, e.g. "http://prometheus:9090"',
+    "summary_every": f'"auto" or the seconds between a node\'s summaries, from 0 (one per sample) to {MAX_SUMMARY_EVERY:g}',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
@@ -117,6 +164,8 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
         raise _error(path, "nodes", config.nodes)
     if not math.isfinite(config.connect_timeout) or config.connect_timeout <= 0:
         raise _error(path, "connect_timeout", config.connect_timeout)
+    if config.summary_every != AUTO and not 0 <= float(config.summary_every) <= MAX_SUMMARY_EVERY:
+        raise _error(path, "summary_every", config.summary_every)  # nan fails the range too
     if config.operator is not None and not config.operator.strip():
         raise _error(path, "operator", config.operator)
     if any(not u.startswith(("http://", "https://")) for u in config.etcd_urls):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import getpass
 import uuid
 from collections import Counter, deque
@@ -30,7 +31,7 @@ from playbooks.model import MetricTrigger
 from playbooks.store import time_to_detect, time_to_recover
 
 if TYPE_CHECKING:
-    from console.runtime.config import ClusterConfig
+    from console.runtime.config import ClusterConfig, SummaryEvery
     from console.runtime.leader import Election
     from playbooks.engine import Engine
     from console.fleet.prometheus import PrometheusFleet
@@ -392,8 +393,13 @@ class ConsoleRuntime:
         )
         if str(link.state) != "connecting":
             self._tried.add(str(link.endpoint))
-            if self._all_tried():
+            if not self._links_tried.is_set() and self._all_tried():  # the scan of every link only until then
                 self._links_tried.set()
+                # What lives as long as the console (modules, playbooks, the app, a state per node)
+                # is never garbage: kept out of the collector's full walks, which at 12,500
+                # nodes otherwise cost tens of milliseconds each. Garbage first, so none is kept.
+                gc.collect()
+                gc.freeze()
         for hook in self.hooks.link:
             hook(link)
 
@@ -733,8 +739,9 @@ class ConsoleRuntime:
         """
         if self.read_only_flag:
             return True
-        roles = [node.role for node in self.store.nodes.values() if node.role]
-        return bool(roles) and "operator" not in roles
+        # Counted by the store as links and hellos change: the status bar asks on every tick.
+        roles = self.store.role_counts()
+        return bool(roles) and not roles.get("operator")
 
     async def start(self) -> None:
         """Connect, tick the engine, and carry on what a previous console left half-done (once; later calls do nothing)."""
@@ -936,7 +943,9 @@ class RuntimeOptions:
     lease_ttl: float = 5.0  # seconds the lead lasts unless renewed (every third of it)
     alertmanager: str | None = None  # Alertmanager's base URL: every notify also pages there
     metrics: str | None = None  # HOST:PORT: the console serves its own /metrics there (console.runtime.metrics)
-    summary_every: float = 0.0  # seconds between a node's summaries (0: one per sample); open nodes send every sample
+    # Seconds between a node's summaries (0: one per sample), or "auto": by the number of endpoints when the
+    # fleet is built (console.runtime.config.summary_cadence). Open nodes send every sample; events come at once.
+    summary_every: SummaryEvery = "auto"
     prometheus: str | None = None  # a Prometheus query API to read the fleet from too (agents' frames win)
 
     @classmethod
@@ -967,7 +976,7 @@ class RuntimeOptions:
                    read_only=config.read_only, operator=config.operator or getpass.getuser(),
                    playbook_paths=config.playbook_paths, scheduler=config.scheduler,
                    connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
-                   cluster=config.cluster or "", metrics=config.metrics)
+                   cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every)
         return dataclasses.replace(base, **overrides)
 
 
@@ -979,6 +988,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     import sqlite3
 
     from console.fleet.client import Fleet, FleetOptions
+    from console.runtime.config import summary_cadence
     from playbooks.engine import Engine as PlaybookEngine
     from playbooks.engine import agent_watches
     from playbooks.executor import Executor
@@ -1027,7 +1037,8 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
                                  connect_timeout=options.connect_timeout, backoff_max=options.backoff_max,
                                  # Summaries, full samples for open nodes; the agents evaluate the
                                  # playbooks' per-GPU metric conditions themselves.
-                                 mode=StreamMode.SUMMARY, summary_every=options.summary_every,
+                                 mode=StreamMode.SUMMARY,
+                                 summary_every=summary_cadence(options.summary_every, len(options.endpoints)),
                                  watches=agent_watches(result.playbooks))
     if options.endpoints or not options.prometheus:
         runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Static
 
 from console.fleet.prometheus import Panel
-from console.fleet.state import SORT_KEYS, LazyRows, Metric, NodeRow, NodeStatus
+from console.fleet.state import SORT_KEYS, VALUE_ORDER_EVERY_S, Metric, NodeRow, NodeStatus
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
 from console.tui.widgets.heatmap import LEGEND, cell_style
@@ -92,6 +92,7 @@ class FleetScreen(ViewScreen):
         self.sort_key = "name"
         self.reverse = False
         self.filter_text = ""
+        self._only: tuple[list[str], frozenset[str]] | None = None  # the filter's names, as a set for the heatmap
 
     def compose_view(self) -> ComposeResult:
         with Horizontal(id="fleet-body"):
@@ -112,16 +113,24 @@ class FleetScreen(ViewScreen):
         rows = self.store.node_rows(self.sort_key, self.reverse, self.filter_text)
         table = self.query_one("#node-table", TextTable)
         table.sort_key, table.sort_reverse = self.sort_key, self.reverse
-        names = rows.names if isinstance(rows, LazyRows) else [r.name for r in rows]
+        names = rows.names  # the same list while the order stands: nothing here walks the fleet then
         table.set_rows(rows, names, node_cells)
         # The highlighted row only: at 12,500 nodes the table makes rows for the page it draws, no more.
         self._show_detail(rows[table.cursor] if 0 <= table.cursor < len(rows) else None)
-        only = set(names) if self.filter_text else None
+        only = None
+        if self.filter_text:
+            if self._only is None or self._only[0] is not names:
+                self._only = (names, frozenset(names))
+            only = self._only[1]
         heatmap = self.query_one("#heatmap", GpuHeatmap)
         heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
         self._show_legend(heatmap)
         shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
         parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  nodes", shown]
+        if rows.as_of is not None and self.sort_key not in ("name", "status"):
+            # A value order is made every few seconds (its rows' values are always fresh): say how old it is.
+            age = format_age(max(self.store.clock.now() - rows.as_of, 0.0))
+            parts.append((f"  {self.sort_key} order as of {age} ago, made every {VALUE_ORDER_EVERY_S:g} s", "grey50"))
         prom = self.runtime.prometheus
         if prom is not None:
             # Each panel's source in words: a Prometheus that is down or slow says so here, the rest keeps drawing.

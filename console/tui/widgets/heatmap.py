@@ -11,7 +11,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.cells import cell_len
 from textual.events import Click, Resize
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -138,6 +138,8 @@ class GpuHeatmap(ScrollView, can_focus=True):
         self._one_per_line = True
         self._label_width = 0  # the name column when one node a line
         self._suffix = ""
+        self._suffix_of: list[str] | None = None  # the names list the suffix was found in
+        self._paint_style: Style | None = None  # rich_style during one paint
         self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
         self._runs_for: tuple[int, str, str, int] | None = None
         self._run_labels: dict[int, str] = {}
@@ -152,8 +154,7 @@ class GpuHeatmap(ScrollView, can_focus=True):
             self._names = nodes.names
             if len(nodes) != self._counted:  # counted again when nodes come or go, not every tick
                 self._counted = len(nodes)
-                self._cells_per_node = max((len(n.sample.gpus) if n.sample is not None else (len(n.hello.gpus) if n.hello else 0)
-                                            for n in nodes.nodes), default=8) or 1
+                self._cells_per_node = max((n.gpu_count for n in nodes.nodes), default=8) or 1
         else:
             self._names = [n.name for n in nodes]
             self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
@@ -219,12 +220,13 @@ class GpuHeatmap(ScrollView, can_focus=True):
         if self._one_per_line:
             self._per_line = 1
             self._label_width = min(max((cell_len(n.name) for n in self.nodes), default=0), LABEL_MAX) + 1
-            self._suffix = ""
+            self._suffix, self._suffix_of = "", None
             lines = count
         else:
             self._per_line = max(self.size.width // self._block, 1)
             self._label_width = 0
-            self._suffix = common_suffix(self._names)
+            if self._suffix_of is not self._names:  # the store keeps one names list until nodes come or go
+                self._suffix, self._suffix_of = common_suffix(self._names), self._names
             lines = 2 * -(-count // self._per_line)
         self.virtual_size = Size(self.size.width, lines)
 
@@ -253,9 +255,17 @@ class GpuHeatmap(ScrollView, can_focus=True):
         if name is not None:
             self.post_message(self.NodeClicked(self, name))
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The widget's style looked up once a paint, not once a line (it walks the ancestors each time).
+        self._paint_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self.rich_style
+        base = self._paint_style if self._paint_style is not None else self.rich_style
         line = y + int(self.scroll_y)
         if self.zoomed:
             return self._zoomed_line(line, width, base)

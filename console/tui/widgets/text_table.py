@@ -10,7 +10,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.events import Click
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -99,6 +99,7 @@ class TextTable(ScrollView, can_focus=True):
         self._formatted: dict[int, list[Cell]] = {}
         self.sort_key: str | None = None
         self.sort_reverse = False
+        self._paint_style: Style | None = None  # rich_style during one paint
 
     # ----------------------------------------------------------------- data
 
@@ -114,7 +115,9 @@ class TextTable(ScrollView, can_focus=True):
         self._format = formatter
         self._formatted = {}
         self.virtual_size = Size(sum(c.width + 1 for c in self.columns), len(rows) + 1)
-        if current is not None and current in keys:
+        if current is not None and 0 <= self.cursor < len(keys) and keys[self.cursor] == current:
+            pass  # still in its place: no search through 12,500 keys on every tick
+        elif current is not None and current in keys:
             self.set_reactive(TextTable.cursor, keys.index(current))
         else:
             self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
@@ -203,10 +206,18 @@ class TextTable(ScrollView, can_focus=True):
             segments.append(Segment(" ", header))
         return Strip(segments)
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The widget's style looked up once a paint, not once a line (it walks the ancestors each time).
+        self._paint_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self.rich_style
+        base = self._paint_style if self._paint_style is not None else self.rich_style
         if y == 0:
             strip = self._header()
         else:

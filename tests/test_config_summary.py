@@ -1,0 +1,92 @@
+"""The summary cadence as an operator setting: "auto" by the fleet's size, a number, and bad values refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.fleet.hostlist import parse_endpoints
+from console.runtime.config import ConfigError, cadence_line, parse_cluster, parse_summary_every, summary_cadence
+from console.runtime.core import RuntimeOptions, build_runtime
+from tests.conftest import free_port
+
+PY = sys.executable
+
+
+def gridwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cluster_toml(tmp_path: Path, keys, extra: str = "") -> Path:  # noqa: ANN001
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
+                    f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n{extra}')
+    return path
+
+
+@pytest.mark.parametrize("nodes, every", [(10, 0.0), (500, 0.0), (1_000, 2.0), (2_000, 4.0), (2_500, 5.0), (12_500, 5.0),
+                                          (100_000, 5.0)])
+def test_auto_is_every_sample_up_to_500_nodes_then_a_second_per_500_at_most_five(nodes, every) -> None:
+    assert summary_cadence("auto", nodes) == every
+    # A number is taken as it is, whatever the fleet's size; 0 is one summary per sample.
+    assert summary_cadence(3.0, nodes) == 3.0 and summary_cadence(0.0, nodes) == 0.0
+
+
+def test_the_cadence_in_force_is_one_line_an_operator_reads() -> None:
+    assert cadence_line(2.5, 2_500) == "summaries every 2.5 s from 2,500 nodes; full samples for nodes opened"
+    assert cadence_line(0.0, 1) == "a summary per sample from 1 node; full samples for nodes opened"
+    assert parse_summary_every(" Auto ") == "auto" and parse_summary_every("2.5") == 2.5
+
+
+def test_a_fleet_built_from_auto_subscribes_with_the_cadence_of_its_size(keys, tmp_path) -> None:
+    # 2,500 endpoints that are never connected to: the subscription is decided when the fleet is built.
+    endpoints = parse_endpoints("10.0.[0-9].[1-250]:8022")
+    assert len(endpoints) == 2_500
+    runtime = build_runtime(RuntimeOptions(endpoints=endpoints, key_path=str(keys.operator_key),
+                                           known_hosts=str(keys.known_hosts)))
+    try:
+        fleet = runtime.fleet
+        assert fleet is not None and fleet.options.summary_every == 5.0  # type: ignore[attr-defined]
+        link = next(iter(fleet.links.values()))  # type: ignore[attr-defined]
+        assert fleet.subscription(link, None).every == 5.0  # type: ignore[attr-defined]
+    finally:
+        runtime.plan_store.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", ['"fast"', "-1", "61", "nan", "true", "[3]"])
+def test_a_bad_summary_every_is_one_sentence_naming_the_file_and_the_key(value) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_cluster(f'nodes = "n[1-2]:8022"\nsummary_every = {value}\n', "/etc/gridwatch/cluster.toml")
+    message = str(err.value)
+    assert message.startswith("/etc/gridwatch/cluster.toml: summary_every: expected \"auto\" or the seconds"), message
+    assert "\n" not in message
+
+
+def test_the_console_says_its_cadence_once_and_refuses_a_bad_one_with_exit_2(keys, tmp_path) -> None:
+    path = cluster_toml(tmp_path, keys, "summary_every = 2.5\n")
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--duration", "0.2")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("summaries every") == 1
+    assert "summaries every 2.5 s from 1 node; full samples for nodes opened" in res.stdout
+    # The flag wins over the file; "auto" for one node is a summary per sample.
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--duration", "0.2", "--summary-every", "auto")
+    assert res.returncode == 0 and "a summary per sample from 1 node" in res.stdout, res.stderr
+    bad = cluster_toml(tmp_path, keys, 'summary_every = "often"\n')
+    res = gridwatch("console", "--headless", "--cluster", str(bad))
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
+    assert f"{bad}: summary_every: expected \"auto\"" in res.stderr and "got 'often'" in res.stderr
+    res = gridwatch("console", "--headless", "--cluster", str(path), "--summary-every", "soon")
+    assert res.returncode == 2 and "--summary-every: expected \"auto\"" in res.stderr
+
+
+def test_the_demo_takes_the_same_setting_and_refuses_a_bad_one() -> None:
+    from console.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--summary-every", "2.5"])
+    assert args.summary_every == 2.5
+    assert build_parser().parse_args(["demo"]).summary_every == "auto"
+    res = gridwatch("demo", "--headless", "--summary-every", "-3")
+    assert res.returncode == 2 and "--summary-every: expected \"auto\"" in res.stderr and "got '-3'" in res.stderr
