@@ -462,6 +462,11 @@ class ConsoleRuntime:
     # ----------------------------------------------------------------- plans
 
     @property
+    def ticking(self) -> bool:
+        """The runtime runs the engine's clock rules itself (started, with a tick interval): a view need not."""
+        return self._ticker is not None and not self._ticker.done()
+
+    @property
     def busy(self) -> bool:
         """A plan is running now."""
         return bool(self._plans)

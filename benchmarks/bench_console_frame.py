@@ -1,0 +1,88 @@
+"""The console's cost per frame received, in one process: decode + state store + playbook engine + goodput.
+
+A real runtime from ``build_runtime`` (engine on, not acting) over N simulated nodes of 8 GPUs
+(``SimulatedGpus``, each with a trainer status), fed frames as a link hands them over, round after
+round: today's full samples (the baseline) against summaries of the same samples, measured in one run.
+No SSH: what the console spends on a frame once its bytes are in (the SSH side is measured by
+bench_console_scale.py). The minimum of five runs of two rounds each, in CPU µs per frame.
+
+    .venv/bin/python benchmarks/bench_console_frame.py [--nodes 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=4, help="distinct rounds of frames prepared per node")
+    args = ap.parse_args()
+
+    from loguru import logger
+
+    from agents import protocol as p
+    from agents.sources.simulated import SimulatedGpus
+    from console.runtime.core import RuntimeOptions, build_runtime
+    from playbooks.clock import ManualClock
+
+    logger.remove()
+    clock = ManualClock(1_700_000_000.0)
+    tmp = Path(tempfile.mkdtemp(prefix="gw-frame-"))
+    names = [f"node{i:05d}" for i in range(args.nodes)]
+    gpus = [SimulatedGpus(8, seed=i, clock=clock.now) for i in range(args.nodes)]
+    hello_gpus = gpus[0].info()
+    full: list[list[bytes]] = []
+    summary: list[list[bytes]] = []
+    for r in range(args.rounds):
+        clock.advance(1.0)
+        row_full, row_summary = [], []
+        for i, name in enumerate(names):
+            sample = p.Sample(node=p.Text(name), seq=r + 2, ts=clock.now(), gpus=gpus[i].sample(),
+                              host=p.HostSample(cpu_percent=20.0, mem_used_mb=1e5, mem_total_mb=5e5,
+                                                nics=[p.NicSample(name=p.Text("ib0"), rx_bps=1e9, tx_bps=1e9)]),
+                              trainer=p.TrainerStatus(job=p.Text("llm"), phase=p.Text("training"), step=100 + r,
+                                                      loss=2.0, step_time_s=0.5, world_size=args.nodes * 8))
+            row_full.append(p.encode(sample))
+            brief = p.summarize(sample)
+            brief.every, brief.after = 1.0, r + 1
+            row_summary.append(p.encode(brief))
+        full.append(row_full)
+        summary.append(row_summary)
+
+    def per_frame(rows: list[list[bytes]]) -> float:
+        runtime = build_runtime(RuntimeOptions(endpoints=[], key_path=str(tmp / "k"), known_hosts=str(tmp / "kh"),
+                                               db_path=":memory:", acting=False), clock=clock)
+        links = [SimpleNamespace(endpoint=n, name=n) for n in names]
+        for i, name in enumerate(names):
+            runtime.store.set_link(name, "connected", name=name)
+            runtime.on_frame(links[i], p.Hello(node=p.Text(name), interval=1.0, gpus=hello_gpus, ts=clock.now()))
+        best = float("inf")
+        for run in range(6):
+            t0 = time.process_time()
+            for r in (run % len(rows), (run + 1) % len(rows)):
+                clock.advance(1.0)
+                for i, line in enumerate(rows[r]):
+                    runtime.on_frame(links[i], p.decode_agent_frame(line))
+            if run:  # the first run fills the histories: not measured
+                best = min(best, (time.process_time() - t0) / (2 * len(names)))
+        return best * 1e6
+
+    print(f"{args.nodes} nodes x 8 simulated GPUs, a trainer on each; bytes per frame: "
+          f"full {len(full[0][0])}, summary {len(summary[0][0])}")
+    f, s = per_frame(full), per_frame(summary)
+    print(f"  baseline, full samples: {f:.1f} µs CPU per frame (decode + store + engine + goodput)")
+    print(f"  summaries:              {s:.1f} µs CPU per frame; ratio summary/full {s / f:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
