@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from console.fleet.hostlist import parse_endpoints
 from console.runtime.config import ConfigError, cadence_line, parse_cluster, parse_summary_every, summary_cadence
 from console.runtime.core import RuntimeOptions, build_runtime
-from tests.conftest import free_port
-
-PY = sys.executable
-
-
-def gridwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def cluster_toml(tmp_path: Path, keys, extra: str = "") -> Path:  # noqa: ANN001
-    path = tmp_path / "cluster.toml"
-    path.write_text(f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
-                    f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n{extra}')
-    return path
+from tests.test_runtime_config import cluster_toml, gridwatch  # one way to run the CLI on a cluster.toml
 
 
 @pytest.mark.parametrize("nodes, every", [(10, 0.0), (500, 0.0), (1_000, 2.0), (2_000, 4.0), (2_500, 5.0), (12_500, 5.0),

@@ -11,15 +11,14 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.cells import cell_len
 from textual.events import Click, Resize
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.fleet.hostlist import compress
 from console.fleet.state import HeatmapNode, LazyRows, NodeStatus
 from console.tui.widgets.plain import plain
-from console.tui.widgets.text_table import fit
+from console.tui.widgets.text_table import PaintedOnce, fit
 
 LABEL_MAX = 24  # a name column wider than this would crowd out the cells
 GROUP_LABEL_MIN = 6  # a group's name above its cells gets at least this many columns
@@ -103,7 +102,7 @@ def short_label(name: str, width: int, suffix: str = "") -> str:
     return "…" + name[len(name) - width + 1 :] if width > 1 else name[-width:]
 
 
-class GpuHeatmap(ScrollView, can_focus=True):
+class GpuHeatmap(PaintedOnce, can_focus=True):
     """Nodes' cells in blocks; every block is labelled with its node's name.
 
     When every node fits on screen, one node a line with its full name. When
@@ -139,7 +138,6 @@ class GpuHeatmap(ScrollView, can_focus=True):
         self._label_width = 0  # the name column when one node a line
         self._suffix = ""
         self._suffix_of: list[str] | None = None  # the names list the suffix was found in
-        self._paint_style: Style | None = None  # rich_style during one paint
         self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
         self._runs_for: tuple[int, str, str, int] | None = None
         self._run_labels: dict[int, str] = {}
@@ -255,17 +253,9 @@ class GpuHeatmap(ScrollView, can_focus=True):
         if name is not None:
             self.post_message(self.NodeClicked(self, name))
 
-    def render_lines(self, crop: Region) -> list[Strip]:
-        # The widget's style looked up once a paint, not once a line (it walks the ancestors each time).
-        self._paint_style = self.rich_style
-        try:
-            return super().render_lines(crop)
-        finally:
-            self._paint_style = None
-
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self._paint_style if self._paint_style is not None else self.rich_style
+        base = self.paint_style
         line = y + int(self.scroll_y)
         if self.zoomed:
             return self._zoomed_line(line, width, base)

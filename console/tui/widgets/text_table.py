@@ -43,7 +43,24 @@ def fit(text: str, width: int, align: str = "left") -> str:
     return pad + text if align == "right" else text + pad
 
 
-class TextTable(ScrollView, can_focus=True):
+class PaintedOnce(ScrollView):
+    """A scroll view whose lines read the widget's style once a paint, not once a line (it walks the ancestors)."""
+
+    _paint_style: Style | None = None  # rich_style during one paint
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._paint_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
+
+    @property
+    def paint_style(self) -> Style:
+        return self._paint_style if self._paint_style is not None else self.rich_style
+
+
+class TextTable(PaintedOnce, can_focus=True):
     """Rows of plain-text cells with a cursor; posts :class:`Selected` on enter.
 
     A DataTable invalidates its whole render cache on every ``update_cell``
@@ -99,7 +116,6 @@ class TextTable(ScrollView, can_focus=True):
         self._formatted: dict[int, list[Cell]] = {}
         self.sort_key: str | None = None
         self.sort_reverse = False
-        self._paint_style: Style | None = None  # rich_style during one paint
 
     # ----------------------------------------------------------------- data
 
@@ -206,18 +222,10 @@ class TextTable(ScrollView, can_focus=True):
             segments.append(Segment(" ", header))
         return Strip(segments)
 
-    def render_lines(self, crop: Region) -> list[Strip]:
-        # The widget's style looked up once a paint, not once a line (it walks the ancestors each time).
-        self._paint_style = self.rich_style
-        try:
-            return super().render_lines(crop)
-        finally:
-            self._paint_style = None
-
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self._paint_style if self._paint_style is not None else self.rich_style
+        base = self.paint_style
         if y == 0:
             strip = self._header()
         else:
