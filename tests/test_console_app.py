@@ -190,6 +190,25 @@ async def test_question_mark_lists_the_keys_of_the_view() -> None:
         await wait_for(pilot, lambda: shown(app, FleetScreen))
 
 
+async def test_the_help_says_the_summaries_cadence_and_lists_no_takeover_without_etcd() -> None:
+    from types import SimpleNamespace
+
+    from console.tui.screens.command_line import usage_line
+
+    app = make_app()
+    links = {f"10.0.{i // 250}.{i % 250}:8022": None for i in range(2_500)}
+    app.runtime.fleet = SimpleNamespace(options=SimpleNamespace(mode="summary", summary_every=5.0), links=links)  # type: ignore[assignment]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen))
+        listed = dict(app.screen.rows)
+        assert listed["cadence"] == "summaries every 5 s from 2,500 nodes; full samples for nodes opened"
+        assert ":takeover" not in listed
+    # No etcd, no election: the prompt does not offer a take-over either.
+    assert "takeover" not in usage_line(app.offers) and "takeover" in usage_line()
+
+
 def screen_text(app: GridwatchApp) -> str:
     """What the terminal shows, as plain text lines."""
     update = app.screen._compositor.render_full_update()

@@ -155,7 +155,7 @@ class GridwatchApp(App[None]):
             return
         parsed = parse_command(command)
         if parsed is None:
-            self.set_note(f"unknown command :{command} (try {usage_line()})")
+            self.set_note(f"unknown command :{command} (try {usage_line(self.offers)})")
             return
         entry, rest = parsed
         if entry.verb is Verb.NODE:

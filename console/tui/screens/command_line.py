@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -85,9 +86,9 @@ def parse_command(text: str) -> tuple[Command, str] | None:
     return (named[0], rest) if named else None
 
 
-def usage_line() -> str:
-    """Every command's usage on one line, for the prompt and for an unknown command."""
-    return " | ".join(c.usage for c in COMMANDS)
+def usage_line(offers: Callable[[Command], bool] | None = None) -> str:
+    """Every command's usage on one line, for the prompt and for an unknown command; ``offers`` says which are listed."""
+    return " | ".join(c.usage for c in COMMANDS if offers is None or offers(c))
 
 
 class CommandLine(ModalScreen[str | None]):
@@ -109,7 +110,7 @@ class CommandLine(ModalScreen[str | None]):
         self.closing = False
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder=usage_line(), id="command-input")
+        yield Input(placeholder=usage_line(getattr(self.app, "offers", None)), id="command-input")
 
     def on_mount(self) -> None:
         # Focus at once, not through focus() (which waits behind keys already queued): every key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -43,6 +45,13 @@ class KeysScreen(ModalScreen[None]):
         # A command this console does not offer (take over, with no etcd) is not listed either.
         offers = getattr(self.app, "offers", lambda entry: True)
         self.rows.extend((f":{entry.usage}", entry.help) for entry in COMMANDS if offers(entry))
+        # The summaries' cadence in force, so an operator knows how fresh the fleet view is.
+        fleet: Any = getattr(getattr(self.app, "runtime", None), "fleet", None)
+        options = getattr(fleet, "options", None)
+        if fleet is not None and options is not None and str(getattr(options, "mode", "")) == "summary":
+            from console.runtime.config import cadence_line
+
+            self.rows.append(("cadence", cadence_line(options.summary_every, len(fleet.links))))
         table = Table(expand=True, show_header=False, box=None)
         table.add_column("key", style="bold cyan", width=14)
         table.add_column("does")
