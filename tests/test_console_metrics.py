@@ -21,10 +21,10 @@ import pytest
 from console.runtime.config import ConfigError, parse_cluster
 from console.runtime.core import RuntimeOptions, build_runtime
 from console.runtime.metrics import serve_metrics
-from tests.conftest import start_agent, stop_agent, wait_until, wait_until_async
+from tests.conftest import wait_until, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
 from tests.test_prometheus_dashboard import _LABEL_VALUES, _regex_escape, substitute
-from tests.test_runtime_loop import FakeJob, agents_beside, runtime_over
+from tests.test_runtime_loop import FakeJob, agents_beside, runtime_over, stop_beside
 
 DASHBOARD = Path(__file__).parent.parent / "deploy" / "grafana" / "gridwatch-console.json"
 
@@ -91,7 +91,8 @@ async def test_a_real_incident_shows_in_the_console_metrics_and_every_dashboard_
             job.up(name)
         await wait_until(lambda: any(r.cmd == "restart_from" for n in ("node-1", "node-3") for r in job.servers[n].take()),
                          30, "the restart sent to the re-formed job")
-        await asyncio.sleep(1.0)  # the restore itself: the console sees the job back at step 36
+        # The job back at step 36 as the console sees it, before it trains on: a rollback of four steps.
+        await wait_until(lambda: runtime.job_step() == 36, 10, "the console to see the job back at step 36")
         while True:
             job.step += 1
             await asyncio.sleep(0.1)  # the stand-in job's pace once restarted
@@ -130,16 +131,7 @@ async def test_a_real_incident_shows_in_the_console_metrics_and_every_dashboard_
         finally:
             server.__exit__(None, None, None)
     finally:
-        if sim is not None:
-            sim.cancel()
-            await asyncio.gather(sim, return_exceptions=True)
-        await runtime.stop()
-        for ra in agents:
-            await ra.agent.trainer.stop()
-            await stop_agent(ra)
-        for server in list(job.servers.values()):
-            server.stop()
-        store.close()
+        await stop_beside(runtime, agents, job, sim)
 
 
 async def _check_dashboard(prom: Prometheus) -> None:

@@ -86,6 +86,20 @@ async def agents_beside(keys, job, names: list[str] | None = None, interval: flo
     return agents
 
 
+async def stop_beside(runtime, agents: list, job, sim: asyncio.Task | None) -> None:  # noqa: ANN001
+    """Undo :func:`agents_beside` and :func:`runtime_over`: the stand-in job's task, the runtime, agents, sockets, store."""
+    if sim is not None:
+        sim.cancel()
+        await asyncio.gather(sim, return_exceptions=True)
+    await runtime.stop()
+    for ra in agents:
+        await ra.agent.trainer.stop()
+        await stop_agent(ra)
+    for server in list(job.servers.values()):
+        server.stop()
+    runtime.plan_store.close()
+
+
 def runtime_over(agents: list, keys, db: Path):  # noqa: ANN001, ANN201 - a ConsoleRuntime as `gridwatch console` builds it
     """The console's runtime over ``agents``, built by ``build_runtime`` as the console builds it."""
     return build_runtime(RuntimeOptions(endpoints=parse_endpoints(",".join(a.spec for a in agents)),
@@ -157,16 +171,7 @@ async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_
         assert ("alice", "unisolate on node-2", "before") in audit and ("alice", "unisolate on node-2", "after") in audit
         assert any(what.startswith("return_to_service node-2") for _, what, _ in audit)
     finally:
-        if sim is not None:
-            sim.cancel()
-            await asyncio.gather(sim, return_exceptions=True)
-        await runtime.stop()
-        for ra in agents:
-            await ra.agent.trainer.stop()
-            await stop_agent(ra)
-        for server in job.servers.values():
-            server.stop()
-        store.close()
+        await stop_beside(runtime, agents, job, sim)
 
 
 async def test_an_incident_from_before_any_training_step_recovers_once_the_job_trains_past_the_first_step_seen(
