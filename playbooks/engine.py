@@ -258,7 +258,7 @@ class Engine:
                 if silent <= trig.missed * node.interval:
                     continue
                 latch = (pb.name, node.name, "heartbeat")
-                if silent > trig.missed * node.interval and latch not in self._latched and not node.out:
+                if latch not in self._latched and not node.out:
                     self._latched.add(latch)
                     summary = (f"no frame from {node.name} for {silent:.0f}s "
                                f"({trig.missed:g} x its {node.interval:g}s interval)")

@@ -294,11 +294,10 @@ class GpuAggregate:
 
 def aggregate(sample: Sample | Summary, xids: Counter[int]) -> GpuAggregate:
     """Mean utilization, hottest GPU, total power and memory, NIC totals, failing GPUs (of a sample or a summary)."""
+    agg = _aggregate_gpus(sample.gpus, xids)
     if isinstance(sample, Summary):
-        agg = _aggregate_gpus(sample.gpus, xids)
         agg.rx_bps, agg.tx_bps = sample.rx_bps, sample.tx_bps
     else:
-        agg = _aggregate_gpus(sample.gpus, xids)
         nics = sample.host.nics
         if nics:
             agg.rx_bps = sum(n.rx_bps for n in nics)
@@ -473,6 +472,12 @@ class NodeState:
     def agg(self, agg: GpuAggregate | None) -> None:
         self._agg = agg  # None: made again on the next read (an XID changed a GPU's health)
 
+    def worst(self, metric: Metric) -> float | None:
+        """The hottest GPU on ``metric``'s 0..1 scale: from the aggregate when one is made, else from that one metric."""
+        if self._agg is not None:
+            return worst_of(self._agg, metric)
+        return None if self.reading is None else worst_gpu(self.gpus, metric, self.xids)
+
     @property
     def gpu_history(self) -> list[RingColumns]:
         """Each GPU's history, by index."""
@@ -632,11 +637,8 @@ class HeatmapNode:
 
     @property
     def worst(self) -> float | None:
-        """The node's worst GPU (its one cell when the heatmap is zoomed out), from the aggregate made per sample."""
-        node = self._node
-        if node._agg is not None:
-            return worst_of(node._agg, self._metric)
-        return None if node.reading is None else worst_gpu(node.gpus, self._metric, node.xids)
+        """The node's worst GPU: its one cell when the heatmap is zoomed out."""
+        return self._node.worst(self._metric)
 
 
 _T = TypeVar("_T")
