@@ -83,6 +83,7 @@ class ClientStream:
     sent: int = 0  # stream frames written (summaries, samples, events, gaps)
     folded: int = 0  # samples folded into a later summary on purpose (``every``)
     since_summary: float | None = None  # agent time of the last summary written
+    members_sent: list[p.Text] | None = None  # the trainer membership its last summary carried
     replies: deque[bytes] = field(default_factory=deque)
     dropped: int = 0
     queued_bytes: int = 0  # the size of ``replies``
@@ -483,6 +484,9 @@ class Agent:
                 client.reply(self.reply_frame(p.ActionResult(id=frame.id, action=frame.action, ok=False, message=p.Text(refusal))))
                 return None
             return self._answer(client, self.act(client.caller, frame))
+        if isinstance(frame, (p.RelaySubscribe, p.Relayed)):
+            client.reply(self.reply_frame(p.Error(code=p.Text("not_a_relay"), message=p.Text(
+                "this is a gridwatch agent, not a relay: list it as a node, not under [[relay]]"))))
         return None
 
     def resume_cursor(self, resume_from: int | None) -> int:
@@ -640,7 +644,13 @@ class Agent:
                 # apart (2.5 on average), not 3 s each; after a long silence the schedule starts again.
                 client.since_summary = summary.ts if last is None or summary.ts - last >= 2 * client.every \
                     else last + client.every
+                members = summary.members
+                if members is not None:
+                    # The membership only when this subscriber does not have it yet (the first, or a change).
+                    summary.members = None if members == client.members_sent else members
+                    client.members_sent = members
                 write(p.encode(summary))
+                summary.members = members  # the summary is shared by every subscriber
             client.last_sent = seq
             client.sent += 1
 

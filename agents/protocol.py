@@ -275,6 +275,9 @@ class Hello(Frame, tag="hello"):
     isolated: bool = False
     stack: StackFingerprint = msgspec.field(default_factory=StackFingerprint)
     notes: list[Text] = []  # e.g. "no NVIDIA driver: running without GPUs"
+    # True from a relay (``gridwatch relay``), never from an agent: the stream that follows
+    # carries other nodes' frames inside Relayed frames, not this node's own.
+    relay: bool = False
 
 
 class Sample(Frame, tag="sample"):
@@ -360,6 +363,10 @@ class Summary(Frame, tag="summary"):
     patrol_failing: list[Text] | None = None
     after: int = 0
     every: float = 0.0
+    # The trainer's membership (node names in its rendezvous), in the first summary a subscriber gets and
+    # whenever it changed since; None: as in the last one. At 12,500 nodes the list is ~200 KB, so it is
+    # not repeated in every summary, yet the engine needs it to blame only a member of the job.
+    members: list[Text] | None = None
 
     def as_sample(self) -> Sample:
         """The summary read as a sample: what it does not carry is N/A (NICs as one summed entry)."""
@@ -390,6 +397,7 @@ def summarize(sample: Sample) -> Summary:
         tx_bps=float(round(sum(n.tx_bps for n in nics))) if nics else None,
         nic_errors=sum(n.rx_errors + n.tx_errors for n in nics) if nics else None,
         trainer=trainer, isolated=sample.isolated, patrol_failing=sample.patrol_failing,
+        members=list(sample.trainer.membership) if sample.trainer is not None else None,
         seq=sample.seq, ts=sample.ts, node=sample.node, v=sample.v,
     )
 
@@ -530,8 +538,52 @@ class Search(Frame, tag="search"):
     limit: int = 500
 
 
-AgentFrame = Union[Hello, Sample, Summary, Event, LogLine, ActionResult, SearchResult, Gap, Error]
-ClientFrame = Union[Subscribe, Action, Search]
+# ------------------------------------------------------------------ through a relay
+# A relay (``gridwatch relay``, one per few hundred nodes) holds the links to its nodes and sends
+# their frames to a console on one link, many to a write: the console pays one message per
+# batch instead of one per node. Frames pass through it as each end encoded them (docs/protocol.md).
+
+
+class RelayNode(msgspec.Struct, gc=False, kw_only=True):
+    """One node a console asks a relay to carry, and where the console's copy of its stream stands."""
+
+    endpoint: Text  # host:port, as the relay reaches the agent
+    resume_from: int | None = None  # the last seq the console has of it (None: start live)
+    read_from_start: bool = False  # the agent restarted: read its new boot from its first frame
+    full: bool = False  # full samples (an operator has the node open)
+    logs: bool = False
+
+
+class RelaySubscribe(Frame, tag="relay_subscribe"):
+    """Console -> relay, first: carry these nodes, with the stream each should send."""
+
+    nodes: list[RelayNode] = []
+    mode: StreamMode = StreamMode.SUMMARY
+    every: float = 0.0  # summary mode: at most one summary per node this many seconds
+    watches: list[Watch] = []
+    # The longest a relay holds a node's frame to send it with others; events, answers and link
+    # changes go at once.
+    flush: float = 0.5
+
+
+class Relayed(Frame, tag="relayed"):
+    """Either way through a relay: one frame of the node at ``endpoint``, its JSON as that end wrote it."""
+
+    endpoint: Text
+    frame: msgspec.Raw
+
+
+class RelayLink(Frame, tag="relay_link"):
+    """Relay -> console: the relay's link to one node changed (the words of the console's link states)."""
+
+    endpoint: Text
+    state: Text  # connecting, connected, stale, down, refused
+    error: Text | None = None
+    role: Text | None = None  # what the relay's key may do on that node
+
+
+AgentFrame = Union[Hello, Sample, Summary, Event, LogLine, ActionResult, SearchResult, Gap, Error, Relayed, RelayLink]
+ClientFrame = Union[Subscribe, Action, Search, RelaySubscribe, Relayed]
 AnyFrame = Union[AgentFrame, ClientFrame]
 
 FRAME_TYPES: frozenset[str] = frozenset(

@@ -221,7 +221,10 @@ class Engine:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step
                 node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
-                node.members = frozenset(str(m) for m in frame.trainer.membership)
+                if isinstance(frame, Sample):
+                    node.members = frozenset(str(m) for m in frame.trainer.membership)
+            if isinstance(frame, Summary) and frame.members is not None:
+                node.members = frozenset(str(m) for m in frame.members)  # sent when it changed, not each time
             plans += self._match_metrics(node, frame, now, agent_watched=summarised)
         elif isinstance(frame, Event):
             if frame.kind == "isolated":

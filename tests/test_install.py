@@ -131,7 +131,8 @@ def _unit(path: Path) -> configparser.RawConfigParser:
 
 
 @pytest.mark.parametrize(("name", "command"), [("gridwatch-agent.service", ["agent"]),
-                                                ("gridwatch-console.service", ["console", "--headless"])])
+                                                ("gridwatch-console.service", ["console", "--headless"]),
+                                                ("gridwatch-relay.service", ["relay"])])
 def test_each_unit_parses_and_runs_a_real_gridwatch_command(name: str, command: list[str]) -> None:
     unit = _unit(UNITS / name)
     assert unit.sections() == ["Unit", "Service", "Install"]
@@ -145,7 +146,7 @@ def test_each_unit_parses_and_runs_a_real_gridwatch_command(name: str, command: 
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
 
-@pytest.mark.parametrize("name", ["gridwatch-agent.service", "gridwatch-console.service"])
+@pytest.mark.parametrize("name", ["gridwatch-agent.service", "gridwatch-console.service", "gridwatch-relay.service"])
 def test_the_readme_shows_the_shipped_unit_exactly(name: str) -> None:
     readme = (ROOT / "README.md").read_text()
     at = readme.index(f"/etc/systemd/system/{name}")
@@ -156,7 +157,7 @@ def test_the_readme_shows_the_shipped_unit_exactly(name: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (Debian: systemd)")
-@pytest.mark.parametrize("name", ["gridwatch-agent.service", "gridwatch-console.service"])
+@pytest.mark.parametrize("name", ["gridwatch-agent.service", "gridwatch-console.service", "gridwatch-relay.service"])
 def test_systemd_analyze_verifies_each_unit(name: str, tmp_path: Path) -> None:
     # verify insists that ExecStart's program exists: point it at this checkout's gridwatch.
     gridwatch = Path(sys.executable).with_name("gridwatch")

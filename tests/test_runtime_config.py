@@ -168,3 +168,143 @@ def test_a_schema_1_database_is_migrated_to_the_current_schema_and_keeps_its_inc
     check.close()
     with pytest.raises(StoreError, match="newer gridwatch"):
         IncidentStore(db)
+
+
+# ------------------------------------------------------------------- relays
+
+
+def relay_toml(tmp_path: Path, keys, body: str) -> Path:  # noqa: ANN001
+    """A cluster.toml with the deployment's key, known_hosts and db, then ``body`` (nodes and [[relay]] tables)."""
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'key = "{keys.operator_key}"\nknown_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n{body}')
+    return path
+
+
+def _eps(spec: str) -> list:
+    from console.fleet.hostlist import parse_endpoints
+
+    return parse_endpoints(spec)
+
+
+def test_relay_tables_reach_the_runtime_and_auto_counts_every_node_direct_and_relayed(keys, tmp_path) -> None:
+    from console.fleet.hostlist import Endpoint
+    from console.runtime.config import write_cluster
+
+    path = relay_toml(tmp_path, keys, 'nodes = "node[001-016]:8022"\n'
+                      '[[relay]]\naddress = "head1:8023"\nnodes = "node[017-1264]:8022"\n'
+                      '[[relay]]\naddress = "head2:8023"\nnodes = ["node[1265-2500]:8022", "gpu7:9000"]\n')
+    options = RuntimeOptions.from_cluster(load_cluster(path))
+    assert options.endpoints == _eps("node[001-016]:8022")  # the console links to these itself
+    assert options.relays == {Endpoint("head1", 8023): _eps("node[017-1264]:8022"),
+                              Endpoint("head2", 8023): _eps("node[1265-2500]:8022,gpu7:9000")}
+    runtime = build_runtime(options)
+    try:
+        fleet = runtime.fleet
+        assert fleet is not None and len(fleet.links) == 2_501  # type: ignore[attr-defined]
+        # 16 direct nodes alone would get a summary per sample; 2,501 nodes in all get one each 5 s.
+        assert fleet.options.summary_every == 5.0  # type: ignore[attr-defined]
+        assert runtime.store.by_name("node2000:8022") is not None  # the fleet view lists relayed nodes from the start
+    finally:
+        runtime.plan_store.close()
+    # The file the demo writes for a second console keeps the tables.
+    again = load_cluster(write_cluster(tmp_path / "again.toml", load_cluster(path)))
+    assert again.relay == load_cluster(path).relay
+
+
+def test_nodes_may_be_left_out_when_relays_carry_every_node(keys, tmp_path) -> None:
+    from console.fleet.hostlist import Endpoint
+
+    path = relay_toml(tmp_path, keys, '[[relay]]\naddress = "head1:8023"\nnodes = "node[001-512]:8022"\n')
+    options = RuntimeOptions.from_cluster(load_cluster(path))
+    assert options.endpoints == [] and list(options.relays) == [Endpoint("head1", 8023)]
+    assert len(options.relays[Endpoint("head1", 8023)]) == 512
+
+
+RELAYS = '[[relay]]\naddress = "head1:8023"\nnodes = "node[017-256]:8022"\n'
+
+
+@pytest.mark.parametrize("body, says", [
+    ('nodes = "node[001-016]:8022"\n[[relay]]\naddress = "head1"\nnodes = "node[017-512]:8022"\n',
+     "relay[1].address: expected HOST:PORT of a gridwatch relay, e.g. \"head1:8023\", got 'head1'"),
+    (f'nodes = "node[001-016]:8022"\n{RELAYS}[[relay]]\naddress = "head2:8023"\nnodes = "node[257-51x]:8022"\n',
+     "relay[2].nodes: bad range '257-51x'"),
+    (f'nodes = "node[001-016]:8022"\n{RELAYS}[[relay]]\naddress = "head2:8023"\nnodes = "node[256-512]:8022"\n',
+     "relay[2].nodes: node256:8022 is under relay head1:8023 and relay head2:8023"),
+    (f'nodes = "node[001-017]:8022"\n{RELAYS}', "relay[1].nodes: node017:8022 is listed in nodes and under relay head1:8023"),
+    (f'nodes = "node[001-016]:8022,head1:8023"\n{RELAYS}', "relay[1].address: relay head1:8023 is also listed in nodes"),
+    (f'{RELAYS}[[relay]]\naddress = "head2:8023"\nnodes = "head1:8023,node[257-512]:8022"\n',
+     "relay[2].nodes: relay head1:8023 is also under relay head2:8023"),
+    (f'{RELAYS}[[relay]]\naddress = "head1:8023"\nnodes = "node[257-512]:8022"\n', "relay[2].address: relay head1:8023 is listed twice"),
+    ('[[relay]]\naddress = "head1:8023"\nnodes = 17\n', "relay[1].nodes: expected a hostlist string or a list of them"),
+    ('[[relay]]\naddress = "head1:8023"\nhosts = "node[017-512]:8022"\n', "relay[1]: unknown key 'hosts' (known keys: address, nodes)"),
+    ('[[relay]]\nnodes = "node[017-512]:8022"\n', "relay[1]: no 'address': expected HOST:PORT"),
+], ids=["bad-address", "bad-hostlist", "under-two-relays", "direct-and-relayed", "relay-is-a-node",
+        "relay-under-a-relay", "relay-twice", "wrong-type", "unknown-key", "no-address"])
+def test_a_bad_relay_table_is_one_line_naming_the_file_and_the_key_and_exit_2(keys, tmp_path, capsys, body, says) -> None:
+    from console.cli import main
+
+    path = relay_toml(tmp_path, keys, body)
+    with pytest.raises(ConfigError) as err:
+        load_cluster(path)
+    assert str(err.value).startswith(f"{path}: {says}"), err.value
+    # Through the command, as an operator meets it.
+    assert main(["console", "--headless", "--cluster", str(path)]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr and f"{path}: {says}" in stderr, stderr
+
+
+def _console_args(*argv: str):  # noqa: ANN202
+    from console.cli import build_parser
+
+    return build_parser().parse_args(["console", "--headless", *argv])
+
+
+def test_relay_on_the_command_line_means_a_relay_table_and_replaces_the_files(keys, tmp_path) -> None:
+    from console.cli.ui import runtime_options
+    from console.fleet.hostlist import Endpoint
+
+    db = str(tmp_path / "incidents.db")
+    options = runtime_options(_console_args("--nodes", "node[001-016]:8022", "--key", str(keys.operator_key),
+                                            "--known-hosts", str(keys.known_hosts), "--db", db,
+                                            "--relay", "head1:8023=node[017-256]:8022",
+                                            "--relay", " head2:8023 = node[257-512]:8022"))
+    assert options.endpoints == _eps("node[001-016]:8022")
+    assert options.relays == {Endpoint("head1", 8023): _eps("node[017-256]:8022"),
+                              Endpoint("head2", 8023): _eps("node[257-512]:8022")}
+    path = relay_toml(tmp_path, keys, f'nodes = "node[001-016]:8022"\n{RELAYS}')
+    assert list(runtime_options(_console_args("--cluster", str(path))).relays) == [Endpoint("head1", 8023)]
+    flag = runtime_options(_console_args("--cluster", str(path), "--relay", "head9:8023=node[017-512]:8022"))
+    assert list(flag.relays) == [Endpoint("head9", 8023)] and len(flag.relays[Endpoint("head9", 8023)]) == 496
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--relay", "head1:8023"], "--relay: expected ADDRESS=HOSTLIST, e.g. head1:8023=node[017-512]:8022, got 'head1:8023'"),
+    (["--relay", "head1=node[017-512]:8022"], "--relay head1=node[017-512]:8022: expected HOST:PORT of a gridwatch relay"),
+    (["--relay", "head1:8023=node[017-5x]:8022"], "--relay head1:8023=node[017-5x]:8022: bad range '017-5x'"),
+    (["--nodes", "node[001-017]:8022", "--relay", "head1:8023=node[017-512]:8022"],
+     "--relay head1:8023=node[017-512]:8022: node017:8022 is listed in nodes and under relay head1:8023"),
+    (["--relay", "head1:8023=node[017-256]:8022", "--relay", "head2:8023=node[256-512]:8022"],
+     "--relay head2:8023=node[256-512]:8022: node256:8022 is under relay head1:8023 and relay head2:8023"),
+], ids=["no-equals", "bad-address", "bad-hostlist", "direct-and-relayed", "under-two-relays"])
+def test_a_bad_relay_flag_is_one_line_and_exit_2(keys, tmp_path, capsys, argv, says) -> None:
+    from console.cli import main
+
+    common = ["--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts), "--db", str(tmp_path / "i.db")]
+    assert main(["console", "--headless", *argv, *common]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith(f"gridwatch console: {says}") and stderr.count("\n") == 1, stderr
+
+
+def test_a_console_with_relays_counts_their_nodes_and_a_bad_relay_is_exit_2(keys, tmp_path) -> None:
+    # Nothing listens at these ports: the console starts, lists every node and says the cadence of all of them.
+    direct, relay = free_port(), free_port()
+    common = ["--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts), "--db", str(tmp_path / "i.db")]
+    res = gridwatch("console", "--headless", "--nodes", f"127.0.0.1:{direct}", *common, "--duration", "0.2",
+                    "--relay", f"127.0.0.1:{relay}=10.0.[0-1].[1-250]:8022,10.0.2.[1-249]:8022")
+    assert res.returncode == 0, res.stderr
+    assert "console: 750 nodes" in res.stdout, res.stdout
+    # "auto" by the whole fleet: 750 nodes / 500 a second; the direct node alone would get one per sample.
+    assert "summaries every 1.5 s from 750 nodes" in res.stdout, res.stdout
+    res = gridwatch("console", "--headless", *common, "--relay", "head1")
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
+    assert "--relay: expected ADDRESS=HOSTLIST" in res.stderr

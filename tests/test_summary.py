@@ -187,3 +187,41 @@ async def test_a_console_set_to_summaries_every_3_s_gets_them_3_s_apart_and_an_x
     finally:
         await runtime.stop()
         await stop_agent(ra)
+
+
+async def test_summaries_carry_the_trainers_membership_first_and_when_it_changes_and_the_engine_keeps_it(keys, tmp_path):
+    from trainer.control_server import ControlServer
+
+    sock = str(tmp_path / "trainer.sock")
+    status = p.TrainerStatus(phase=p.Text("training"), step=7, world_size=2,
+                             membership=[p.Text("node-1"), p.Text("node-2")])
+    server = ControlServer(sock, lambda: status, node="node-1")
+    server.start()
+    ra = await start_agent(keys, interval=0.05)
+    from agents.trainer_link import TrainerLink
+
+    ra.agent.trainer = TrainerLink(sock, interval=0.05)
+    ra.agent.trainer.start()
+    fleet, frames = _fleet(ra, keys, mode=p.StreamMode.SUMMARY)
+    engine = Engine([], clock=ManualClock(0.0))
+    fleet.on_frame = lambda link, f: (frames.append(f), engine.observe("node-1", f))
+    await fleet.start()
+    try:
+        def with_trainer():
+            return [s for s in _of(frames, p.Summary) if s.trainer is not None]
+
+        await wait_until(lambda: len(with_trainer()) >= 4, what="summaries with the trainer's status")
+        said = [s.members for s in with_trainer()]
+        assert said[0] == ["node-1", "node-2"] and all(m is None for m in said[1:])  # once, not in every summary
+        assert engine.nodes["node-1"].members == {"node-1", "node-2"}
+        status.membership = [p.Text("node-1")]  # node-2 left the job
+        await wait_until(lambda: any(s.members == ["node-1"] for s in with_trainer()), what="the new membership")
+        count = len(with_trainer())
+        await wait_until(lambda: len(with_trainer()) >= count + 3, what="more summaries")
+        assert all(s.members is None for s in with_trainer()[count:])
+        assert engine.nodes["node-1"].members == {"node-1"}
+    finally:
+        await fleet.stop()
+        await ra.agent.trainer.stop()
+        await stop_agent(ra)
+        server.stop()

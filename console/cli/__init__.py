@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "agents.cli",  # agent
     "console.cli.commands",  # tail, keys
     "console.cli.ui",  # console
+    "console.cli.relay",  # relay
     "playbooks.cli",  # playbook
     "console.cli.train",  # train
     "console.cli.preflight",  # preflight

@@ -49,14 +49,18 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
     return cached
 
 
-def resolve_targets(args: argparse.Namespace) -> tuple[list, str, str]:
-    """Endpoints, key and known_hosts from flags or cluster.toml; raises ValueError with a one-line reason."""
+def resolve_targets(args: argparse.Namespace, relayed: bool = False) -> tuple[list, str, str]:
+    """Endpoints, key and known_hosts from flags or cluster.toml; raises ValueError with a one-line reason.
+
+    ``relayed``: the nodes a relay carries too, to be reached directly (``tail`` and ``preflight`` look
+    at a few nodes); the console itself reaches those through their relay.
+    """
     from console.fleet.hostlist import HostlistError, parse_endpoints
 
     spec, key, known = args.nodes, args.key, args.known_hosts
     config = cluster_config(args)
     if config is not None:
-        spec = config.node_spec
+        spec = ",".join(s for s in (config.node_spec, *(r.node_spec for r in config.relay if relayed)) if s)
         key = key or config.key
         known = known or config.known_hosts
     if not key:
@@ -218,7 +222,7 @@ def _keys_trust(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     try:
-        endpoints, key, known = resolve_targets(args)
+        endpoints, key, known = resolve_targets(args, relayed=True)
     except ValueError as exc:
         print(f"gridwatch tail: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -153,7 +153,7 @@ def _preflight(args: argparse.Namespace) -> int:
     from console.fleet.preflight import majority_stack, run_preflight_async, save_baseline
 
     try:
-        endpoints, key, known = resolve_targets(args)
+        endpoints, key, known = resolve_targets(args, relayed=True)
         options = options_from_args(args)
     except ValueError as exc:
         print(f"gridwatch preflight: {exc}", file=sys.stderr)

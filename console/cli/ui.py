@@ -16,6 +16,7 @@ from playbooks.model import SCHEDULERS
 
 if TYPE_CHECKING:
     from console.runtime.config import SummaryEvery
+    from console.runtime.core import RuntimeOptions
 
 EPILOG = """\
 cluster.toml (paths are relative to the file):
@@ -34,6 +35,9 @@ cluster.toml (paths are relative to the file):
   metrics = "127.0.0.1:9400"          # optional: the console's own /metrics (goodput, incidents, actions)
   prometheus = "http://prom:9090"     # optional: the fleet from Prometheus too (nodes may then be left out)
   summary_every = "auto"              # optional: seconds between a node's summaries, or auto (by fleet size)
+  [[relay]]                           # optional, repeatable: nodes reached through a gridwatch relay
+  address = "head1:8023"              #   the relay (pinned in known_hosts like an agent)
+  nodes = "node[017-512]:8022"        #   the nodes it carries; nodes above lists only the direct ones
 An unknown key or a wrong type is one line naming the file and the key; exit 2.
 
 keys: ? every key   : command line (:nodes :logs :incidents :training :node NAME)
@@ -49,6 +53,11 @@ def default_db() -> str:
 SUMMARY_EVERY_HELP = ("seconds between each node's compact summary in the fleet view, or auto (default): one per "
                      "sample up to 500 nodes, then a second per 500 nodes, at most 5 s; 0: one per sample. Events come at "
                      "once and a node you open sends every sample whatever it is")
+
+
+RELAY_HELP = ("reach the nodes of HOSTLIST through the gridwatch relay at ADDRESS (HOST:PORT), on one link, e.g. "
+              "head1:8023=node[017-512]:8022: worth it past ~1,000 nodes per console. Repeatable; the relays "
+              "replace cluster.toml's [[relay]] tables; a node is reached one way only")
 
 
 def summary_every_arg(text: str) -> SummaryEvery:
@@ -90,64 +99,84 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "until you take over (key L)")
     ap.add_argument("--summary-every", metavar="SECONDS|auto", type=summary_every_arg,
                     help=SUMMARY_EVERY_HELP + " (default: cluster.toml's, else auto)")
+    # Checked in runtime_options, not by argparse: a bad value is one line, not a usage screen.
+    ap.add_argument("--relay", metavar="ADDRESS=HOSTLIST", action="append", default=[], help=RELAY_HELP)
     ap.set_defaults(func=_console)
 
 
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    """What ``console``'s flags and cluster.toml make of a runtime; ValueError (or ConfigError) in one line."""
+    from console.runtime.config import ClusterConfig, RelayConfig, parse_relay, relay_endpoints
+    from console.runtime.core import RuntimeOptions
+
+    config = cluster_config(args) or ClusterConfig(nodes=args.nodes or "")
+    prometheus = args.prometheus or config.prometheus
+    relays: list[RelayConfig] = []
+    for text in args.relay:
+        try:
+            relays.append(parse_relay(text))
+        except ValueError as exc:
+            raise ValueError(f"--relay: {exc}") from None
+    if not config.node_spec.strip():
+        if not prometheus and not (relays or config.relay):
+            raise ValueError("no fleet: give --nodes SPEC, --cluster FILE, --relay ADDRESS=HOSTLIST or --prometheus URL")
+        endpoints: list = []  # no agent to log in to
+        key, known = args.key or "", args.known_hosts or ""
+    else:
+        endpoints, key, known = resolve_targets(args)
+    db = args.db or config.db or default_db()
+    # The database says which nodes failed how and who did what: a folder of its own, private.
+    Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    overrides: dict = {"endpoints": endpoints, "key_path": key, "known_hosts": known, "db_path": db,
+                       "read_only": args.read_only or config.read_only,
+                       "playbook_paths": [*config.playbook_paths, *args.playbooks]}
+    if args.operator:
+        overrides["operator"] = args.operator
+    if args.etcd:
+        if any(not u.startswith(("http://", "https://")) for u in args.etcd):
+            raise ValueError(f"--etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}")
+        overrides["etcd"] = list(args.etcd)
+    # A service campaigns for the lead; an operator's screen observes until told to take over.
+    overrides["campaign"] = bool(args.headless)
+    if prometheus:
+        from console.fleet.prometheus import check_prometheus_url
+
+        try:
+            overrides["prometheus"] = check_prometheus_url(prometheus)
+        except ValueError as exc:
+            raise ValueError(f"--prometheus: {exc}") from None
+    if args.scheduler:
+        overrides["scheduler"] = args.scheduler
+    if args.summary_every is not None:
+        overrides["summary_every"] = args.summary_every
+    if args.metrics:
+        from console.runtime.metrics import parse_metrics_addr
+
+        parse_metrics_addr(args.metrics, "--metrics")
+        overrides["metrics"] = args.metrics
+    if args.alertmanager:
+        from playbooks.notify import check_alertmanager_url
+
+        try:
+            overrides["alertmanager"] = check_alertmanager_url(args.alertmanager)
+        except ValueError as exc:
+            raise ValueError(f"--alertmanager: {exc}") from None
+    if relays:
+        # The flag's relays replace the file's, and are checked against the nodes linked directly.
+        overrides["relays"] = relay_endpoints(relays, endpoints, lambda index, _key: f"--relay {args.relay[index]}")
+    return RuntimeOptions.from_cluster(config, **overrides)
+
+
 def _console(args: argparse.Namespace) -> int:
-    from console.runtime.config import ClusterConfig
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from console.runtime.core import build_runtime
 
     try:
-        config = cluster_config(args) or ClusterConfig(nodes=args.nodes or "")
-        prometheus = args.prometheus or config.prometheus
-        if not config.node_spec.strip():
-            if not prometheus:
-                raise ValueError("no fleet: give --nodes SPEC, --cluster FILE or --prometheus URL")
-            endpoints: list = []  # no agent to log in to
-            key, known = args.key or "", args.known_hosts or ""
-        else:
-            endpoints, key, known = resolve_targets(args)
-        db = args.db or config.db or default_db()
-        # The database says which nodes failed how and who did what: a folder of its own, private.
-        Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        overrides: dict = {"endpoints": endpoints, "key_path": key, "known_hosts": known, "db_path": db,
-                           "read_only": args.read_only or config.read_only,
-                           "playbook_paths": [*config.playbook_paths, *args.playbooks]}
-        if args.operator:
-            overrides["operator"] = args.operator
-        if args.etcd:
-            if any(not u.startswith(("http://", "https://")) for u in args.etcd):
-                raise ValueError(f"--etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}")
-            overrides["etcd"] = list(args.etcd)
-        # A service campaigns for the lead; an operator's screen observes until told to take over.
-        overrides["campaign"] = bool(args.headless)
-        if prometheus:
-            from console.fleet.prometheus import check_prometheus_url
-
-            try:
-                overrides["prometheus"] = check_prometheus_url(prometheus)
-            except ValueError as exc:
-                raise ValueError(f"--prometheus: {exc}") from None
-        if args.scheduler:
-            overrides["scheduler"] = args.scheduler
-        if args.summary_every is not None:
-            overrides["summary_every"] = args.summary_every
-        if args.metrics:
-            from console.runtime.metrics import parse_metrics_addr
-
-            parse_metrics_addr(args.metrics, "--metrics")
-            overrides["metrics"] = args.metrics
-        if args.alertmanager:
-            from playbooks.notify import check_alertmanager_url
-
-            try:
-                overrides["alertmanager"] = check_alertmanager_url(args.alertmanager)
-            except ValueError as exc:
-                raise ValueError(f"--alertmanager: {exc}") from None
-        runtime = build_runtime(RuntimeOptions.from_cluster(config, **overrides))
+        options = runtime_options(args)
+        runtime = build_runtime(options)
     except (ValueError, OSError) as exc:
         print(f"gridwatch console: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    db = options.db_path or default_db()
     if args.headless:
         try:
             from console.runtime.control import socket_for

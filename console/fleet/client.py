@@ -19,12 +19,13 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import asyncssh
+import msgspec
 from loguru import logger
 
 from agents import protocol as p
@@ -98,6 +99,23 @@ class NodeLink:
     restarts: int = 0  # new boot ids seen after the first hello
     last_gap: str | None = None  # what the last gap was, in words
     read_from_start: bool = False  # the agent restarted: ask for its new boot from its first frame
+    via: Endpoint | None = None  # the relay that carries this node's stream; None: a link of our own
+    barred: bool = False  # through a relay: its last hello was refused, so its frames are dropped
+
+
+@dataclass
+class RelayStatus:
+    """The console's link to one relay (``gridwatch relay``) and the nodes it carries for us."""
+
+    endpoint: Endpoint
+    carried: dict[str, NodeLink]  # "host:port" -> the node's link
+    name: str = ""  # the relay's own name, from its hello
+    state: LinkState = LinkState.CONNECTING
+    role: str | None = None  # what our key may do at the relay
+    last_error: str | None = None
+    attempts: int = 0
+    bad_frames: int = 0
+    messages: int = 0  # lines received from it
 
 
 class LinkRefused(Exception):
@@ -119,6 +137,12 @@ class FleetOptions:
     mode: p.StreamMode = p.StreamMode.FULL
     summary_every: float = 0.0  # seconds between a node's summaries; 0: one per sample
     watches: list[p.Watch] = field(default_factory=list)  # conditions the agents evaluate for the engine
+    # Through a relay: the longest it may hold a node's frame to send it with others (events go at once).
+    relay_flush: float = 0.5
+    # A relay's own Fleet, carrying nodes for a console: answers no request of its own waits for go to
+    # on_frame (they are the console's), and an agent's restart makes no gap here (the console counts it
+    # against its own last seq when the new boot's hello reaches it).
+    relaying: bool = False
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
@@ -171,11 +195,22 @@ class Fleet:
         options: FleetOptions,
         on_frame: FrameCallback | None = None,
         on_status: StatusCallback | None = None,
+        relays: Mapping[Endpoint, Sequence[Endpoint]] | None = None,
     ) -> None:
         self.options = options
         self.on_frame = on_frame or (lambda link, frame: None)
         self.on_status = on_status or (lambda link: None)
         self.links: dict[Endpoint, NodeLink] = {ep: NodeLink(endpoint=ep, name=str(ep)) for ep in endpoints}
+        # Nodes a relay carries are links like the others; only their frames travel through it.
+        self.relays: dict[Endpoint, RelayStatus] = {}
+        for relay, nodes in (relays or {}).items():
+            carried: dict[str, NodeLink] = {}
+            for ep in nodes:
+                link = self.links.setdefault(ep, NodeLink(endpoint=ep, name=str(ep)))
+                link.via = relay
+                carried[str(ep)] = link
+            self.relays[relay] = RelayStatus(endpoint=relay, carried=carried)
+        self._relay_procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
         self._procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
         self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
         # Request id -> (the link asked, its answer): only that link may answer it.
@@ -194,7 +229,8 @@ class Fleet:
             raise RuntimeError(f"cannot read the key {self.options.key_path}: {exc}") from None
         # A fleet stopped and started again keeps each link's place (last seq, pinned name).
         self._stopping = False
-        self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values()]
+        self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values() if link.via is None]
+        self._tasks += [asyncio.create_task(self._run_relay(relay)) for relay in self.relays.values()]
         self._tasks.append(asyncio.create_task(self._watch_staleness()))
 
     async def stop(self) -> None:
@@ -206,6 +242,7 @@ class Fleet:
             conn.close()
         self._conns.clear()
         self._procs.clear()
+        self._relay_procs.clear()
 
     def find(self, node: str) -> NodeLink | None:
         """A link by the agent's node name or by ``host:port``."""
@@ -220,12 +257,26 @@ class Fleet:
 
     # --------------------------------------------------------------- requests
 
+    def links_by_endpoint(self) -> dict[str, NodeLink]:
+        """Every link by its "host:port"."""
+        return {str(ep): link for ep, link in self.links.items()}
+
+    def send(self, link: NodeLink, frame: p.Frame) -> bool:
+        """Write one frame to ``link``'s agent (or its relay); False when there is no stream to write to."""
+        return self._send(link, frame)
+
     def _send(self, link: NodeLink, frame: p.Frame) -> bool:
-        proc = self._procs.get(link.endpoint)
+        if link.via is not None:
+            # Through the relay: it hands the frame to the node as we wrote it.
+            proc = self._relay_procs.get(link.via)
+            data = p.encode(p.Relayed(endpoint=p.Text(str(link.endpoint)), frame=msgspec.Raw(p.encode(frame)[:-1])))
+        else:
+            proc = self._procs.get(link.endpoint)
+            data = p.encode(frame)
         if proc is None:
             return False
         try:
-            proc.stdin.write(p.encode(frame))
+            proc.stdin.write(data)
         except (OSError, asyncssh.Error):
             return False
         return True
@@ -325,7 +376,10 @@ class Fleet:
         """Conditions every agent should evaluate (the loaded playbooks'); sent to every connected agent now."""
         self.options.watches = list(watches)
         for link in self.links.values():
-            self._send(link, self.subscription(link, link.last_seq or None))
+            if link.via is None:
+                self._send(link, self.subscription(link, link.last_seq or None))
+        for relay in self.relays.values():  # one message per relay: it applies them to every node it carries
+            self._send_relay(relay, self._relay_subscription(relay, first=False))
 
     # ------------------------------------------------------------ connection
 
@@ -364,7 +418,7 @@ class Fleet:
                 self._set(link, LinkState.DOWN, link.last_error or "connection closed")
             await asyncio.sleep(self._backoff(link))
 
-    def _backoff(self, link: NodeLink) -> float:
+    def _backoff(self, link: NodeLink | RelayStatus) -> float:
         o = self.options
         base = min(o.backoff_max, o.backoff_min * 2 ** max(link.attempts - 1, 0))
         if link.state == LinkState.REFUSED:
@@ -372,13 +426,13 @@ class Fleet:
         # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
         return base * o.rng.uniform(0.5, 1.0)
 
-    async def _connect_and_stream(self, link: NodeLink) -> None:
+    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection]) -> asyncssh.SSHClientProcess:
+        """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream."""
         o = self.options
-        self._set(link, LinkState.CONNECTING)
         conn = await asyncio.wait_for(
             asyncssh.connect(
-                link.endpoint.host,
-                link.endpoint.port,
+                endpoint.host,
+                endpoint.port,
                 username=o.username,
                 client_keys=self._client_keys,
                 known_hosts=o.known_hosts,
@@ -393,16 +447,23 @@ class Fleet:
             ),
             o.connect_timeout,
         )
-        self._conns[link.endpoint] = conn
+        conns[endpoint] = conn
         host_key = conn.get_server_host_key()
         weak = weak_key_reason(host_key) if host_key is not None else None
         if weak:
             # Pinned or not, a key this weak proves little about who answers.
             raise LinkRefused(
-                f"{link.endpoint}: the agent's host key is {weak}; give the agent a new host key "
-                f"and trust it with: gridwatch keys trust {link.endpoint} --known-hosts {o.known_hosts}"
+                f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
+                f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {o.known_hosts}"
             )
-        proc = await asyncio.wait_for(conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        proc: asyncssh.SSHClientProcess = await asyncio.wait_for(
+            conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        return proc
+
+    async def _connect_and_stream(self, link: NodeLink) -> None:
+        o = self.options
+        self._set(link, LinkState.CONNECTING)
+        proc = await self._open(link.endpoint, self._conns)
         lines = LineBuffer()
         hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
         self._on_hello(link, hello)
@@ -425,6 +486,128 @@ class Fleet:
                 link.bad_frames += lines.oversized
                 self._set(link, link.state, f"{link.name}: {lines.oversized} oversized frame(s) dropped")
                 lines.oversized = 0
+
+    # ------------------------------------------------------------ relays
+
+    def _relay_subscription(self, relay: RelayStatus, first: bool) -> p.RelaySubscribe:
+        """What we ask a relay: the nodes it carries and where we stand in each (first), and the stream's terms."""
+        o = self.options
+        nodes = [
+            p.RelayNode(endpoint=p.Text(ep), resume_from=0 if link.read_from_start else (link.last_seq or None),
+                        read_from_start=link.read_from_start, full=link.want_full, logs=link.want_logs)
+            for ep, link in relay.carried.items()
+        ] if first else []
+        return p.RelaySubscribe(nodes=nodes, mode=o.mode, every=o.summary_every if o.mode is p.StreamMode.SUMMARY else 0.0,
+                                watches=o.watches, flush=o.relay_flush)
+
+    def _send_relay(self, relay: RelayStatus, frame: p.Frame) -> bool:
+        proc = self._relay_procs.get(relay.endpoint)
+        if proc is None:
+            return False
+        try:
+            proc.stdin.write(p.encode(frame))
+        except (OSError, asyncssh.Error):
+            return False
+        return True
+
+    async def _run_relay(self, relay: RelayStatus) -> None:
+        log = logger.bind(node=str(relay.endpoint))
+        while not self._stopping:
+            relay.attempts += 1
+            try:
+                await self._relay_session(relay)
+                relay.attempts = 0
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # every failure becomes a state and a sentence, for each node carried
+                state, message = explain(relay.endpoint, exc, self.options.known_hosts)
+                message = "relay " + message.replace("the agent", "the relay")
+                if message != relay.last_error:
+                    log.warning(message)
+                relay.state, relay.last_error = state, message
+            finally:
+                self._relay_procs.pop(relay.endpoint, None)
+                conn = self._conns.pop(relay.endpoint, None)
+                if conn is not None:
+                    conn.close()
+            if self._stopping:
+                return
+            if relay.state != LinkState.REFUSED:
+                relay.state = LinkState.DOWN
+            said = relay.last_error or f"relay {relay.endpoint}: the relay closed the link"
+            for link in relay.carried.values():
+                self._set(link, LinkState.DOWN if relay.state != LinkState.REFUSED else LinkState.REFUSED, said)
+            await asyncio.sleep(self._backoff(relay))
+
+    async def _relay_session(self, relay: RelayStatus) -> None:
+        o = self.options
+        relay.state = LinkState.CONNECTING
+        proc = await self._open(relay.endpoint, self._conns)
+        lines = LineBuffer()
+        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        if not hello.relay:
+            raise LinkRefused(f"{relay.endpoint}: this is an agent ({hello.node}), not a relay; list it under nodes, "
+                              "not as a relay's address")
+        relay.name, relay.role = str(hello.node), str(hello.role)
+        self._relay_procs[relay.endpoint] = proc
+        if not self._send_relay(relay, self._relay_subscription(relay, first=True)):
+            raise ConnectionError("the relay closed the stream after its hello")
+        for link in relay.carried.values():
+            link.read_from_start = False
+        relay.state, relay.last_error, relay.attempts = LinkState.CONNECTED, None, 0
+        for line in rest:
+            self._on_relay_line(relay, line)
+        while True:
+            # One read is many nodes' frames: the relay sends them together, which is what it is for.
+            data = await proc.stdout.read(READ_CHUNK)
+            if not data:
+                raise ConnectionError("the relay closed the stream")
+            for line in lines.feed(data):
+                self._on_relay_line(relay, line)
+            if lines.oversized:
+                relay.bad_frames += lines.oversized
+                lines.oversized = 0
+
+    def _on_relay_line(self, relay: RelayStatus, line: bytes) -> None:
+        relay.messages += 1
+        try:
+            frame = p.decode_agent_frame(line)
+        except p.FrameError as exc:
+            self._relay_bad(relay, str(exc))
+            return
+        if isinstance(frame, p.Relayed):
+            link = relay.carried.get(str(frame.endpoint))
+            if link is None:
+                self._relay_bad(relay, f"a frame for {frame.endpoint}, which we did not ask it to carry")
+                return
+            self._on_line(link, bytes(frame.frame))
+        elif isinstance(frame, p.RelayLink):
+            link = relay.carried.get(str(frame.endpoint))
+            if link is None:
+                self._relay_bad(relay, f"a link state for {frame.endpoint}, which we did not ask it to carry")
+                return
+            try:
+                state = LinkState(str(frame.state))
+            except ValueError:
+                self._relay_bad(relay, f"an unknown link state {str(frame.state)!r} for {frame.endpoint}")
+                return
+            if frame.role is not None and link.role is None:
+                link.role = str(frame.role)
+            if link.barred and state in (LinkState.CONNECTED, LinkState.STALE):
+                return  # its hello was refused here: the relay's word does not lift that
+            error = f"{frame.error} (through relay {relay.name or relay.endpoint})" if frame.error else None
+            self._set(link, state, error)
+        elif isinstance(frame, p.Error):
+            relay.last_error = p.clean_text(f"relay {relay.name or relay.endpoint}: {frame.message}", MAX_ERROR_CHARS)
+            logger.bind(node=str(relay.endpoint)).warning("{}", relay.last_error)
+        else:
+            self._relay_bad(relay, f"a {frame.__struct_config__.tag} frame outside a relayed one")
+
+    def _relay_bad(self, relay: RelayStatus, what: str) -> None:
+        relay.bad_frames += 1
+        if relay.bad_frames in (1, 10, 100) or relay.bad_frames % 1000 == 0:
+            relay.last_error = p.clean_text(f"relay {relay.name or relay.endpoint}: {what}", MAX_ERROR_CHARS)
+            logger.bind(node=str(relay.endpoint)).warning("bad frame #{} from the relay: {}", relay.bad_frames, relay.last_error)
 
     async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> tuple[p.Hello, list[bytes]]:
         """The hello, and whatever lines arrived in the same read after it."""
@@ -493,7 +676,7 @@ class Fleet:
             link.read_from_start = True
         link.last_frame_at = self.options.clock()
         self.on_frame(link, hello)
-        if lost is not None:
+        if lost is not None and not self.options.relaying:
             self.on_frame(link, lost)
 
     @staticmethod
@@ -524,18 +707,35 @@ class Fleet:
             if link.bad_frames in (1, 10, 100) or link.bad_frames % 1000 == 0:
                 logger.bind(node=link.name).warning("bad frame #{}: {}", link.bad_frames, exc)
             return
+        if link.via is not None:
+            if isinstance(frame, p.Hello):
+                # Through a relay the hello comes in the stream: the same checks as on a link of our own.
+                try:
+                    self._on_hello(link, frame)
+                except LinkRefused as exc:
+                    link.barred = True
+                    self._set(link, LinkState.REFUSED, str(exc))
+                    logger.bind(node=link.name).warning("{}", exc)
+                else:
+                    link.barred = False
+                return
+            if link.barred or isinstance(frame, (p.Relayed, p.RelayLink)):
+                return  # a refused node's frames, or a relay's frame where a node's belongs
         if frame.node and str(frame.node) != link.pinned:
             self._foreign(link, frame)
             return
         frame.node = p.Text(link.pinned or link.name)
         link.frames += 1
         link.last_frame_at = self.options.clock()
-        if link.state == LinkState.STALE:
+        if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
             self._set(link, LinkState.CONNECTED)
         if isinstance(frame, (p.ActionResult, p.SearchResult)):
             asked, fut = self._pending.get(str(frame.id), (None, None))
             if fut is not None and asked == link.endpoint and not fut.done():
                 fut.set_result(frame)
+            elif self.options.relaying:
+                self.on_frame(link, frame)  # a relay's: the console that asked waits for it
+                return
             if isinstance(frame, p.SearchResult):
                 return
         elif isinstance(frame, p.Gap):
@@ -571,7 +771,7 @@ class Fleet:
                 interval = max(link.hello.interval if link.hello else 1.0, link.every)
                 silent = now - link.last_frame_at
                 if silent > o.dead_intervals * interval:
-                    conn = self._conns.get(link.endpoint)
+                    conn = self._conns.get(link.endpoint) if link.via is None else None
                     self._set(link, LinkState.DOWN, f"{link.name}: silent for {silent:.0f} s; reconnecting")
                     if conn is not None:
                         conn.close()

@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from console.fleet.hostlist import Endpoint, HostlistError, parse_endpoints
 from playbooks.model import SCHEDULERS
 from playbooks.notify import check_alertmanager_url
 
@@ -67,6 +69,18 @@ def cadence_line(every: float, nodes: int) -> str:
     return f"{pace} from {fleet}; full samples for nodes opened"
 
 
+class RelayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One ``[[relay]]`` table: a gridwatch relay and the nodes it carries for this console on one link."""
+
+    address: str  # HOST:PORT of the relay, reached and pinned like an agent
+    nodes: str | list[str]  # hostlist syntax, or a list of such strings
+
+    @property
+    def node_spec(self) -> str:
+        """``nodes`` as one hostlist string."""
+        return self.nodes if isinstance(self.nodes, str) else ",".join(self.nodes)
+
+
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One deployment, as cluster.toml describes it. Paths are made absolute against the file's folder."""
 
@@ -86,6 +100,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: str | None = None  # HOST:PORT where the console serves its own /metrics
     prometheus: str | None = None  # a Prometheus query API (Thanos, VictoriaMetrics, Mimir): the fleet from it too
     summary_every: SummaryEvery = AUTO  # seconds between a node's summaries, or "auto" (by the fleet's size)
+    # [[relay]] tables: nodes reached through a relay (one link for hundreds of nodes); `nodes` then lists
+    # only those the console links to itself, and may be left out when relays carry every node.
+    relay: list[RelayConfig] = []
 
     @property
     def node_spec(self) -> str:
@@ -119,9 +136,93 @@ EXPECTED: dict[str, str] = {
     "metrics": 'HOST:PORT to serve the console\'s /metrics on, e.g. "127.0.0.1:9400"',
     "prometheus": 'an http(s) URL of a Prometheus query API, e.g. "http://prometheus:9090"',
     "summary_every": f'"auto" or the seconds between a node\'s summaries, from 0 (one per sample) to {MAX_SUMMARY_EVERY:g}',
+    "relay": "[[relay]] tables, each with an address and the nodes that relay carries",
+    "relay.address": 'HOST:PORT of a gridwatch relay, e.g. "head1:8023"',
+    "relay.nodes": 'a hostlist string or a list of them, e.g. "node[017-512]:8022"',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
+_AT_RELAY = re.compile(r"at `\$\.relay\[(\d+)\](?:\.([A-Za-z0-9_-]+))?")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+_ADDRESS = re.compile(r"[^\s\[\],=]+:\d+")
+
+
+def relay_key(index: int, key: str | None = None) -> str:
+    """How errors name the ``index``-th (from 0) ``[[relay]]`` table, or a key in it: ``relay[2].nodes`` is the second's."""
+    return f"relay[{index + 1}]" + (f".{key}" if key else "")
+
+
+def parse_relay(text: str) -> RelayConfig:
+    """``--relay``'s value, ``ADDRESS=HOSTLIST`` (what a ``[[relay]]`` table says); ValueError saying what it takes."""
+    address, sep, nodes = text.partition("=")
+    if not sep or not address.strip() or not nodes.strip():
+        raise ValueError(f"expected ADDRESS=HOSTLIST, e.g. head1:8023=node[017-512]:8022, got {text!r}"[:200])
+    return RelayConfig(address=address.strip(), nodes=nodes.strip())
+
+
+def relay_endpoints(relays: Sequence[RelayConfig], direct: Sequence[Endpoint] = (),
+                    name: Callable[[int, str], str] = relay_key) -> dict[Endpoint, list[Endpoint]]:
+    """Each relay -> the nodes it carries, checked against each other and against the nodes linked ``direct``.
+
+    A node is reached one way only: a node under two relays, or linked directly and under a relay, or a
+    relay that is itself a node, is a ValueError "<name(i, key)>: <why>" in one line, as is a bad address
+    or hostlist (``name`` says how the i-th relay's key is called: ``relay[2].nodes``, or the flag).
+    """
+    # Who reaches each endpoint so far: None for the console itself (``nodes``), else the relay.
+    owner: dict[Endpoint, Endpoint | None] = dict.fromkeys(direct)
+    out: dict[Endpoint, list[Endpoint]] = {}
+
+    def reached(ep: Endpoint) -> str:
+        via = owner[ep]
+        return "listed in nodes" if via is None else f"under relay {via}"
+
+    for index, relay in enumerate(relays):
+        address = relay.address.strip()
+        try:
+            found = parse_endpoints(address) if _ADDRESS.fullmatch(address) else []
+        except HostlistError:
+            found = []
+        if len(found) != 1:
+            raise ValueError(f"{name(index, 'address')}: expected {EXPECTED['relay.address']}, got {relay.address!r}"[:300])
+        here = found[0]
+        if here in out:
+            raise ValueError(f"{name(index, 'address')}: relay {here} is listed twice")
+        if here in owner:
+            raise ValueError(f"{name(index, 'address')}: relay {here} is also {reached(here)}")
+        try:
+            nodes = parse_endpoints(relay.node_spec)
+        except HostlistError as exc:
+            raise ValueError(f"{name(index, 'nodes')}: {exc}"[:300]) from None
+        for node in nodes:
+            if node == here:
+                raise ValueError(f"{name(index, 'nodes')}: relay {here} lists itself among its nodes")
+            if node in out:
+                raise ValueError(f"{name(index, 'nodes')}: relay {node} is also under relay {here}")
+            if node in owner:
+                also = "relay" if owner[node] is not None else "under relay"  # "under relay a and relay b"
+                raise ValueError(f"{name(index, 'nodes')}: {node} is {reached(node)} and {also} {here}")
+            owner[node] = here
+        out[here] = nodes
+    return out
+
+
+def _relay_error(path: str, data: dict[str, Any], message: str, index: int, key: str | None) -> ConfigError:
+    """The one line for a ``[[relay]]`` table msgspec refused."""
+    where = f"{path}: {relay_key(index, key)}"
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        return ConfigError(f"{where}: unknown key {unknown.group(1)!r} (known keys: "
+                           f"{', '.join(RelayConfig.__struct_fields__)})")
+    missing = _MISSING.search(message)
+    if missing:
+        field = missing.group(1)
+        return ConfigError(f"{where}: no {field!r}: expected {EXPECTED.get('relay.' + field, 'a value')}")
+    tables = data.get("relay")
+    table = tables[index] if isinstance(tables, list) and index < len(tables) else msgspec.UNSET
+    value = table.get(key, msgspec.UNSET) if key and isinstance(table, dict) else table
+    got = "" if value is msgspec.UNSET else f", got {value!r}"[:120]
+    what = EXPECTED.get(f"relay.{key}", "something else") if key else "a table with an address and nodes"
+    return ConfigError(f"{where}: expected {what}{got}")
 
 
 def _error(path: str, key: str, value: Any = msgspec.UNSET) -> ConfigError:
@@ -139,6 +240,9 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
         config = msgspec.convert(data, ClusterConfig)
     except msgspec.ValidationError as exc:
         message = str(exc)
+        relay = _AT_RELAY.search(message)
+        if relay:
+            raise _relay_error(path, data, message, int(relay.group(1)), relay.group(2)) from None
         unknown = _UNKNOWN.search(message)
         if unknown:
             raise ConfigError(f"{path}: unknown key {unknown.group(1)!r} (known keys: "
@@ -158,10 +262,20 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
             config = msgspec.structs.replace(config, prometheus=check_prometheus_url(config.prometheus))
         except ValueError:
             raise _error(path, "prometheus", config.prometheus) from None
-    if not config.node_spec.strip() and config.prometheus is None:
+    if not config.node_spec.strip() and config.prometheus is None and not config.relay:
         if "nodes" not in data:
             raise ConfigError(f"{path}: no 'nodes': expected {EXPECTED['nodes']} (or a prometheus URL)")
         raise _error(path, "nodes", config.nodes)
+    if config.relay:
+        # Each node one way: checked here, so the file's error names the table and the key.
+        try:
+            direct = parse_endpoints(config.node_spec) if config.node_spec.strip() else []
+        except HostlistError as exc:
+            raise ConfigError(f"{path}: nodes: {exc}") from None
+        try:
+            relay_endpoints(config.relay, direct)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if not math.isfinite(config.connect_timeout) or config.connect_timeout <= 0:
         raise _error(path, "connect_timeout", config.connect_timeout)
     if config.summary_every != AUTO and not 0 <= float(config.summary_every) <= MAX_SUMMARY_EVERY:
@@ -207,9 +321,13 @@ def write_cluster(path: str | Path, config: ClusterConfig) -> Path:
     lines = []
     for name in ClusterConfig.__struct_fields__:
         value = getattr(config, name)
-        if value is None or (name == "etcd" and not value):
+        if value is None or (name in ("etcd", "relay") and not value):
             continue
+        if name == "relay":
+            continue  # tables come after every key of the file's top level
         lines.append(f"{name} = {_toml(value)}")
+    for relay in config.relay:
+        lines += ["", "[[relay]]", f"address = {_toml(relay.address)}", f"nodes = {_toml(relay.nodes)}"]
     out = Path(path)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

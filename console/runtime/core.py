@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import getpass
+import time
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -26,11 +26,13 @@ from loguru import logger
 from agents.protocol import ActionResult, Event, Frame, LogLine, Sample, StreamMode, Summary, Text
 from console.fleet.goodput import GoodputTracker, IncidentSpan
 from console.fleet.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
+from console.runtime.collector import CollectorBaseline
 from console.runtime.hangs import HangWatch
 from playbooks.model import MetricTrigger
 from playbooks.store import time_to_detect, time_to_recover
 
 if TYPE_CHECKING:
+    from console.fleet.hostlist import Endpoint
     from console.runtime.config import ClusterConfig, SummaryEvery
     from console.runtime.leader import Election
     from playbooks.engine import Engine
@@ -344,6 +346,8 @@ class ConsoleRuntime:
         self.resume_wait = resume_wait
         self._tried: set[str] = set()  # links that have been past "connecting" at least once
         self._links_tried = asyncio.Event()
+        self._up: set[str] = set()  # links connected now
+        self.collector = CollectorBaseline(clock=time.monotonic)
         # What the operator must know now and no node told us (the incident database
         # cannot be written, say); the status line shows it, a headless console prints it.
         self.alert: str | None = None
@@ -391,15 +395,21 @@ class ConsoleRuntime:
             str(link.endpoint), str(link.state), name=hello_name or link.name, error=link.last_error, role=link.role,
             foreign_frames=link.foreign_frames,
         )
+        endpoint = str(link.endpoint)
+        if str(link.state) == "connected":
+            if endpoint not in self._up:
+                self._up.add(endpoint)
+                self.collector.links = len(getattr(self.fleet, "links", ()))
+                self.collector.link_up()
+        else:
+            self._up.discard(endpoint)
         if str(link.state) != "connecting":
-            self._tried.add(str(link.endpoint))
+            self._tried.add(endpoint)
             if not self._links_tried.is_set() and self._all_tried():  # the scan of every link only until then
                 self._links_tried.set()
                 # What lives as long as the console (modules, playbooks, the app, a state per node)
-                # is never garbage: kept out of the collector's full walks, which at 12,500
-                # nodes otherwise cost tens of milliseconds each. Garbage first, so none is kept.
-                gc.collect()
-                gc.freeze()
+                # is kept out of the collector's full walks (console/runtime/collector.py).
+                self.collector.settled()
         for hook in self.hooks.link:
             hook(link)
 
@@ -457,6 +467,7 @@ class ConsoleRuntime:
     async def _tick_forever(self) -> None:
         while True:
             self.tick_engine()
+            self.collector.tick()  # a baseline held back by its minimum gap
             await asyncio.sleep(self.tick_interval)
 
     # ----------------------------------------------------------------- plans
@@ -952,6 +963,9 @@ class RuntimeOptions:
     # fleet is built (console.runtime.config.summary_cadence). Open nodes send every sample; events come at once.
     summary_every: SummaryEvery = "auto"
     prometheus: str | None = None  # a Prometheus query API to read the fleet from too (agents' frames win)
+    # Each relay -> the nodes it carries for this console on one link ([[relay]] in cluster.toml, --relay);
+    # ``endpoints`` are then only the nodes linked directly. Checked: each node is reached one way.
+    relays: dict[Endpoint, list[Endpoint]] = field(default_factory=dict)
 
     @classmethod
     def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
@@ -963,14 +977,20 @@ class RuntimeOptions:
 
         if "endpoints" not in overrides:
             try:
-                overrides["endpoints"] = parse_endpoints(config.node_spec)
+                # No direct nodes is a fleet when relays carry them all.
+                direct = config.node_spec.strip() or not config.relay
+                overrides["endpoints"] = parse_endpoints(config.node_spec) if direct else []
             except HostlistError as exc:
                 raise ValueError(f"nodes: {exc}") from None
+        if "relays" not in overrides:
+            from console.runtime.config import relay_endpoints
+
+            overrides["relays"] = relay_endpoints(config.relay, overrides["endpoints"])  # ValueError: relay[2].nodes: ...
         key = overrides.pop("key_path", None) or config.key
         known = overrides.pop("known_hosts", None) or config.known_hosts
         prometheus = overrides.get("prometheus") or getattr(config, "prometheus", None)
         # A fleet read from Prometheus alone talks to no agent: it needs no key.
-        agents = bool(overrides["endpoints"]) or not prometheus
+        agents = bool(overrides["endpoints"]) or bool(overrides["relays"]) or not prometheus
         if not key and agents:
             raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
         if not known and agents:
@@ -1038,22 +1058,26 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
 
         serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
     runtime.actor = ExecutorActor(executor, incident_store)
+    relayed = [node for nodes in options.relays.values() for node in nodes]
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
                                  connect_timeout=options.connect_timeout, backoff_max=options.backoff_max,
                                  # Summaries, full samples for open nodes; the agents evaluate the
                                  # playbooks' per-GPU metric conditions themselves.
                                  mode=StreamMode.SUMMARY,
-                                 summary_every=summary_cadence(options.summary_every, len(options.endpoints)),
+                                 # "auto" goes by every node the console watches, direct and relayed.
+                                 summary_every=summary_cadence(options.summary_every,
+                                                               len(options.endpoints) + len(relayed)),
                                  watches=agent_watches(result.playbooks))
-    if options.endpoints or not options.prometheus:
-        runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status)
+    if options.endpoints or options.relays or not options.prometheus:
+        runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status,
+                              relays=options.relays)
     if options.etcd:
         from console.runtime.leader import attach_election
 
         attach_election(runtime, options)
     if options.prometheus:
         read_fleet_from_prometheus(runtime, options.prometheus)
-    for endpoint in options.endpoints:
+    for endpoint in (*options.endpoints, *relayed):
         store.set_link(str(endpoint), "connecting")
     return runtime
 

@@ -409,7 +409,9 @@ def attach_election(runtime: ConsoleRuntime, options: RuntimeOptions) -> Electio
     """``runtime`` campaigns for (or watches) its cluster's lead in etcd; its executor starts steps only while leading."""
     client = EtcdClient(options.etcd)
     name = f"{options.operator}@{socket.gethostname()}:{os.getpid()}"
-    election = Election(client, options.cluster or cluster_name(options.endpoints), name, ttl=options.lease_ttl,
+    # Named by every node it watches, direct or through a relay: consoles of one cluster share one name.
+    nodes = [*options.endpoints, *(n for carried in options.relays.values() for n in carried)]
+    election = Election(client, options.cluster or cluster_name(nodes), name, ttl=options.lease_ttl,
                         campaign=options.campaign and not options.read_only)
     runtime.election = election
     from playbooks.executor import Executor
