@@ -227,6 +227,13 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
         from console.runtime.config import cadence_line
 
         print(cadence_line(fleet_options.summary_every, len(getattr(runtime.fleet, "links", ()))), flush=True)
+    def relay_line(relay) -> None:  # noqa: ANN001 - a RelayStatus
+        behind = f"{len(relay.carried):,} nodes"
+        said = f"relay {relay.endpoint} up ({behind})" if str(relay.state) == "connected" else \
+            f"{relay.last_error or f'relay {relay.endpoint} down'} ({behind} behind it)"
+        print(clean_text(said), flush=True)
+
+    runtime.hooks.relay.append(relay_line)
     if runtime.election is not None:
         # One line each time this console's role changes: "leader (token 42)", "observer; host-2 leads".
         runtime.election.on_change.append(lambda standing: print(clean_text(standing.line), flush=True))
@@ -250,6 +257,7 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     links: dict[str, str] = {}
+    behind_relay: set[str] = set()  # nodes down with their relay: said by the relay's line
     seen_incidents: set[str] = set()
     blames: dict[str, str] = {}  # incident -> the blame last printed
     trainers = (0, False)  # nodes reporting a trainer, and whether it had a step, as last said
@@ -268,6 +276,13 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
                     links[node.key] = state
                     # What a peer said (a disconnect reason, an error) reaches the terminal cleaned.
                     error = clean_text(node.link_error or node.last_error or "", 300)
+                    # A relay's death is one line (the relay's), not one per node behind it; nor their return.
+                    if state != "ok" and any(f"relay {r}" in error for r in runtime.relays_down):
+                        behind_relay.add(node.key)
+                        continue
+                    if state == "ok" and node.key in behind_relay:
+                        behind_relay.discard(node.key)
+                        continue
                     print(f"node {clean_text(node.name, 200)} {state}" + (f": {error}" if error and state != "ok" else ""),
                           flush=True)
             if runtime.incidents is not None:

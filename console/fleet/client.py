@@ -149,6 +149,7 @@ class FleetOptions:
 
 FrameCallback = Callable[[NodeLink, p.Frame], None]
 StatusCallback = Callable[[NodeLink], None]
+RelayCallback = Callable[["RelayStatus"], None]
 
 
 def explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
@@ -196,10 +197,12 @@ class Fleet:
         on_frame: FrameCallback | None = None,
         on_status: StatusCallback | None = None,
         relays: Mapping[Endpoint, Sequence[Endpoint]] | None = None,
+        on_relay: RelayCallback | None = None,
     ) -> None:
         self.options = options
         self.on_frame = on_frame or (lambda link, frame: None)
         self.on_status = on_status or (lambda link: None)
+        self.on_relay = on_relay or (lambda relay: None)  # a relay's own link went up or down
         self.links: dict[Endpoint, NodeLink] = {ep: NodeLink(endpoint=ep, name=str(ep)) for ep in endpoints}
         # Nodes a relay carries are links like the others; only their frames travel through it.
         self.relays: dict[Endpoint, RelayStatus] = {}
@@ -524,7 +527,10 @@ class Fleet:
                 message = "relay " + message.replace("the agent", "the relay")
                 if message != relay.last_error:
                     log.warning(message)
+                was = relay.state
                 relay.state, relay.last_error = state, message
+                if was not in (LinkState.DOWN, LinkState.REFUSED) or was != state:
+                    self.on_relay(relay)  # once as it goes down, not at each attempt while it stays so
             finally:
                 self._relay_procs.pop(relay.endpoint, None)
                 conn = self._conns.pop(relay.endpoint, None)
@@ -532,8 +538,10 @@ class Fleet:
                     conn.close()
             if self._stopping:
                 return
-            if relay.state != LinkState.REFUSED:
+            if relay.state not in (LinkState.REFUSED, LinkState.DOWN):
                 relay.state = LinkState.DOWN
+                relay.last_error = relay.last_error or f"relay {relay.endpoint}: the relay closed the link"
+                self.on_relay(relay)
             said = relay.last_error or f"relay {relay.endpoint}: the relay closed the link"
             for link in relay.carried.values():
                 self._set(link, LinkState.DOWN if relay.state != LinkState.REFUSED else LinkState.REFUSED, said)
@@ -541,7 +549,7 @@ class Fleet:
 
     async def _relay_session(self, relay: RelayStatus) -> None:
         o = self.options
-        relay.state = LinkState.CONNECTING
+        # Its state stays what it was (connecting at first, down while retried) until it is up.
         proc = await self._open(relay.endpoint, self._conns)
         lines = LineBuffer()
         hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
@@ -555,6 +563,7 @@ class Fleet:
         for link in relay.carried.values():
             link.read_from_start = False
         relay.state, relay.last_error, relay.attempts = LinkState.CONNECTED, None, 0
+        self.on_relay(relay)
         for line in rest:
             self._on_relay_line(relay, line)
         while True:

@@ -276,6 +276,7 @@ class RuntimeHooks:
     frame: list[Callable[[Any, Frame], None]] = field(default_factory=list)  # link, frame
     link: list[Callable[[Any], None]] = field(default_factory=list)
     alert: list[Callable[[str | None], None]] = field(default_factory=list)
+    relay: list[Callable[[Any], None]] = field(default_factory=list)  # a relay's link went up or down
     recovered: list[Callable[[IncidentRow], None]] = field(default_factory=list)
     resolved: list[Callable[[str], None]] = field(default_factory=list)  # incident id
     stopping: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # awaited as the runtime stops
@@ -347,6 +348,7 @@ class ConsoleRuntime:
         self._tried: set[str] = set()  # links that have been past "connecting" at least once
         self._links_tried = asyncio.Event()
         self._up: set[str] = set()  # links connected now
+        self.relays_down: dict[str, str] = {}  # relay "host:port" -> why, for as long as it is down
         self.collector = CollectorBaseline(clock=time.monotonic)
         # What the operator must know now and no node told us (the incident database
         # cannot be written, say); the status line shows it, a headless console prints it.
@@ -412,6 +414,27 @@ class ConsoleRuntime:
                 self.collector.settled()
         for hook in self.hooks.link:
             hook(link)
+
+    def on_relay(self, relay: Any) -> None:
+        """A relay's own link went up or down: one line for all the nodes behind it (its nodes say it too)."""
+        key = str(relay.endpoint)
+        if str(relay.state) == "connected":
+            self.relays_down.pop(key, None)
+        else:
+            behind = len(relay.carried)
+            self.relays_down[key] = f"{relay.last_error or f'relay {key} is down'} ({behind:,} node{'s' * (behind != 1)} behind it)"
+        self.store.generation += 1
+        for hook in self.hooks.relay:
+            hook(relay)
+
+    @property
+    def relay_alert(self) -> str:
+        """The relays down, in one line ("" when none is)."""
+        down = self.relays_down
+        if len(down) <= 1:
+            return next(iter(down.values()), "")
+        names = sorted(down)
+        return f"{len(down)} relays down: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
 
     def set_alert(self, text: str | None) -> None:
         """Raise (or, with None, clear) the console's alert; the incident store calls it when its disk fails."""
@@ -1070,7 +1093,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
                                  watches=agent_watches(result.playbooks))
     if options.endpoints or options.relays or not options.prometheus:
         runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status,
-                              relays=options.relays)
+                              relays=options.relays, on_relay=runtime.on_relay)
     if options.etcd:
         from console.runtime.leader import attach_election
 

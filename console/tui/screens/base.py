@@ -79,7 +79,7 @@ class ViewScreen(Screen[None]):
         try:
             self.refresh_view()
             incidents = self.gw.open_incident_count()
-            alert = self.runtime.alert or ""
+            alert: str = self.runtime.alert or getattr(self.runtime, "relay_alert", "") or ""
             role, role_style = "", ""
             election = self.runtime.election
             if election is not None:

@@ -1,0 +1,96 @@
+"""A headless console whose nodes all sit behind a relay, as deployed: an XID acted on through it, the relay's death said once.
+
+Real agents on loopback SSH, a real ``gridwatch relay`` process, a real
+``gridwatch console --headless --relay ADDRESS=HOSTLIST`` process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agents import protocol as p
+from agents.agent import Caller
+from tests.conftest import PYTHON, ROOT, free_port, start_agent, wait_until
+from tests.test_relay import _spawn_relay, action_events, endpoint, stop
+
+OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
+
+
+def _console(keys, relay: str, spec: str, db: Path, log: Path) -> subprocess.Popen:  # noqa: ANN001
+    cmd = [PYTHON, "-m", "console", "console", "--headless", "--relay", f"{relay}={spec}", "--key", str(keys.operator_key),
+           "--known-hosts", str(keys.known_hosts), "--db", str(db), "--control-socket", str(db.with_suffix(".sock"))]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.timeout(120)
+async def test_an_xid_behind_a_relay_is_isolated_once_and_a_dead_relay_is_one_line(keys, tmp_path: Path) -> None:
+    agents = [await start_agent(keys, name=f"node-{i}", interval=0.2) for i in (1, 2, 3)]
+    spec = ",".join(str(endpoint(ra)) for ra in agents)
+    port = free_port()
+    relay_log, console_log = tmp_path / "relay.log", tmp_path / "console.log"
+    relay = _spawn_relay(keys, port, spec, relay_log)
+    db = tmp_path / "c" / "incidents.db"
+    db.parent.mkdir(mode=0o700)
+    console: subprocess.Popen | None = None
+    try:
+        await wait_until(lambda: "listening on 127.0.0.1:" in relay_log.read_text(), 15, "the relay to listen")
+        console = _console(keys, f"127.0.0.1:{port}", spec, db, console_log)
+        await wait_until(lambda: f"relay 127.0.0.1:{port} up (3 nodes)" in console_log.read_text(), 30, "the relay up")
+        # Every node is the relay's: the agents see one client, the relay, not the console.
+        await wait_until(lambda: all(len(ra.agent.clients) == 1 for ra in agents), 15, "the relay's links")
+        fault = await agents[1].agent.act(OPERATOR, p.Action(id=p.Text("f1"), action=p.Text("inject_fault"),
+                                                             args={"kind": "xid", "gpu": 0, "code": 79}))
+        assert fault.ok, fault.message
+        await wait_until(lambda: action_events(agents[1], "isolate"), 20, "node-2 isolated through the relay")
+        assert "incident" in console_log.read_text()
+        assert not action_events(agents[0], "isolate") and not action_events(agents[2], "isolate")
+
+        relay.send_signal(signal.SIGKILL)
+        relay.wait(10)
+        await wait_until(lambda: "(3 nodes behind it)" in console_log.read_text(), 20, "the console to say the relay died")
+        said = [line for line in console_log.read_text().splitlines() if "behind it" in line]
+        assert len(said) == 1 and f"relay 127.0.0.1:{port}" in said[0], said
+        relay = _spawn_relay(keys, port, spec, relay_log)
+        await wait_until(lambda: console_log.read_text().count(f"relay 127.0.0.1:{port} up (3 nodes)") == 2, 30,
+                         "the relay back")
+        assert len(action_events(agents[1], "isolate")) == 1  # the fault was acted on once, relay death or not
+        text = console_log.read_text()
+        # Down once (not at each retry), and its nodes not one by one: the relay's line says it for them.
+        assert len([line for line in text.splitlines() if "behind it" in line]) == 1, text
+        assert not [line for line in text.splitlines() if line.startswith("node ") and "relay" in line], text
+    finally:
+        if console is not None:
+            console.send_signal(signal.SIGTERM)
+            console.wait(20)
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(10)
+        for ra in agents:
+            await stop(ra)
+
+
+def test_the_status_line_names_a_dead_relay_once_for_its_nodes_and_counts_several() -> None:
+    from console.fleet.client import LinkState, NodeLink, RelayStatus
+    from console.fleet.hostlist import Endpoint
+    from console.fleet.state import StateStore
+    from console.runtime.core import ConsoleRuntime
+
+    runtime = ConsoleRuntime(StateStore())
+
+    def relay(host: str, nodes: int, state: LinkState, error: str | None = None) -> RelayStatus:
+        carried = {f"n{i}:8022": NodeLink(endpoint=Endpoint(f"n{i}", 8022), name=f"n{i}") for i in range(nodes)}
+        return RelayStatus(endpoint=Endpoint(host, 8023), carried=carried, state=state, last_error=error)
+
+    assert runtime.relay_alert == ""
+    runtime.on_relay(relay("head1", 500, LinkState.DOWN, "relay head1:8023: connection refused (is the relay running?)"))
+    assert runtime.relay_alert == "relay head1:8023: connection refused (is the relay running?) (500 nodes behind it)"
+    runtime.on_relay(relay("head2", 1, LinkState.DOWN))
+    assert runtime.relay_alert == "2 relays down: head1:8023, head2:8023"
+    runtime.on_relay(relay("head1", 500, LinkState.CONNECTED))
+    runtime.on_relay(relay("head2", 1, LinkState.CONNECTED))
+    assert runtime.relay_alert == ""
