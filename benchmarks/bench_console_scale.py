@@ -3,10 +3,14 @@
 Part 1, over SSH: simulated agents (benchmarks/swarm.py ``--lean``, many real
 SSH servers per process) on this machine's loopback, and a console attached to
 all of them, a real runtime from ``build_runtime`` (engine running, not acting)
-with the Textual app headless drawing the fleet view once a second: first one
-that takes every sample whole, then, on the same agents, one that takes
-summaries at ``--summary-every`` (default ``auto``: by the number of agents,
-as a console does); ``--together`` runs both at once instead. Measured over a
+with the Textual app headless drawing the fleet view once a second, in the
+``--modes`` asked, one after the other on the same agents: ``summary`` (a link
+per agent, summaries at ``--summary-every``, default ``auto``: by the number of
+agents, as a console does), ``relayed`` (the same console with no direct link:
+``--relays`` real ``gridwatch relay`` processes on loopback, each carrying a
+contiguous share of the agents to it on one link; their CPU is measured over the
+same window, per node they carry) and ``full`` (every sample whole);
+``--together`` runs them at once instead. Measured over a
 window that the agents are paused at both ends of (everything published
 written out): the agents' ticks due against those ticked (an overloaded swarm
 shows here first), each console's CPU per node per second, memory per node,
@@ -19,6 +23,7 @@ Part 2, in one process: the fleet view's redraw (tick and paint) with
 node between ticks, in the heatmap's two zooms and two sorts.
 
     .venv/bin/python benchmarks/bench_console_scale.py [--agents 2500] [--seconds 30] [--summary-every auto] [--redraw-nodes 12500]
+        [--modes summary,relayed] [--relays 5]
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import ROOT, stop_all  # noqa: E402
 
 PER_PROCESS = 250
+# The consoles, in the order they are measured: direct links on summaries, the same through relays, every sample whole.
+MODES = ("summary", "relayed", "full")
 PROJECT_TO = 12_500
 XID_CODE = 79
 SIZE = (200, 60)
@@ -56,8 +66,12 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: str, summary_every: str) -> None:
-    """A runtime and its app headless; answers ``stats`` on stdin with one JSON line."""
+async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: str, summary_every: str,
+                        relays_json: str = "") -> None:
+    """A runtime and its app headless; answers ``stats`` on stdin with one JSON line.
+
+    ``relayed``: no direct node; ``relays_json`` maps each relay's ``host:port`` to the hostlist it carries.
+    """
     from loguru import logger
 
     from agents.protocol import Event, StreamMode, Summary
@@ -69,13 +83,33 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
     rss0 = _rss_mb()
-    endpoints = parse_endpoints(spec)
-    runtime = build_runtime(RuntimeOptions(endpoints=endpoints, key_path=key, known_hosts=known_hosts,
+    import gc
+
+    gc_seconds = [0.0, 0.0, 0.0]
+    gc_counts = [0, 0, 0]
+    gc_started = [0.0]
+
+    def gc_timer(phase: str, info: dict[str, int]) -> None:
+        # The collector's own time, per generation: where a console's CPU per message goes.
+        if phase == "start":
+            gc_started[0] = time.process_time()
+        else:
+            gc_seconds[info["generation"]] += time.process_time() - gc_started[0]
+            gc_counts[info["generation"]] += 1
+
+    gc.callbacks.append(gc_timer)
+    relays: dict[Any, list[Any]] = {}
+    if mode == "relayed":
+        relays = {parse_endpoints(ep)[0]: parse_endpoints(nodes) for ep, nodes in json.loads(relays_json).items()}
+        endpoints = []
+    else:
+        endpoints = parse_endpoints(spec)
+    runtime = build_runtime(RuntimeOptions(endpoints=endpoints, relays=relays, key_path=key, known_hosts=known_hosts,
                                            db_path=db, acting=False, summary_every=parse_summary_every(summary_every)))
     fleet: Any = runtime.fleet
     if mode == "full":
         fleet.options.mode = StreamMode.FULL  # today's stream: every sample whole
-    cadence = cadence_line(fleet.options.summary_every, len(endpoints)) if mode == "summary" else "every sample whole"
+    cadence = (cadence_line(fleet.options.summary_every, len(fleet.links)) if mode != "full" else "every sample whole")
     xids: list[tuple[str, float]] = []
     summaries = [0]
 
@@ -106,6 +140,18 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
         # to see where its time per node goes; written to FILE.<mode>.
         profiler: Any = None
         while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
+            if line == "profile" and os.environ.get("GRIDWATCH_BENCH_PYSPY"):
+                # GRIDWATCH_BENCH_PYSPY=PY_SPY:FILE: a sampling profile instead (C frames too, nothing slowed).
+                spy, _, out = os.environ["GRIDWATCH_BENCH_PYSPY"].partition(":")
+                if profiler is None:
+                    profiler = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "-r", "200", "--native",
+                                                 "-f", "raw", "-o", f"{out}.{mode}"],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                else:
+                    profiler.send_signal(signal.SIGINT)
+                    profiler.wait()
+                print("ok", flush=True)
+                continue
             if line == "profile":
                 import cProfile
 
@@ -121,10 +167,15 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
                 continue
             links = {str(lk.endpoint).rsplit(":", 1)[-1]: [lk.frames, lk.gaps, lk.bad_frames]
                      for lk in fleet.links.values()}
-            connected = sum(1 for lk in fleet.links.values() if str(lk.state) == "connected")
+            # Links up, stale ones included: the bench's pause before the window silences every agent, and a
+            # node whose last summary came early enough is stale by then while its link holds.
+            connected = fleet.connected
             print(json.dumps({"cpu": time.process_time(), "rss": _rss_mb(), "rss0": rss0, "links": links,
-                              "connected": connected, "xids": xids, "summaries": summaries[0], "cadence": cadence,
+                              "connected": connected, "xids": xids, "gc_s": gc_seconds, "gc_n": gc_counts, "summaries": summaries[0], "cadence": cadence,
                               "every": fleet.options.summary_every,
+                              # Each relay's link: its state and the lines (batches) the console read from it.
+                              "relays": {str(ep): [str(r.state), r.messages, r.bad_frames, r.reads]
+                                         for ep, r in getattr(fleet, "relays", {}).items()},
                               "redraw_ms": 1000 * statistics.median(ticks[-30:]) if ticks else None}), flush=True)
         await runtime.stop()
 
@@ -138,6 +189,16 @@ def _ask(proc: subprocess.Popen, command: str) -> str:
     return proc.stdout.readline().strip()  # type: ignore[union-attr]
 
 
+# The swarm and the relays stand for other machines (the nodes, the racks' head nodes) but share this one's two
+# cores with the console; ``--others-nice N`` runs them at a lower priority (measured: it moves nothing here).
+OTHERS_NICE = [0]
+
+
+def _as_other_machine() -> None:
+    if OTHERS_NICE[0]:
+        os.nice(OTHERS_NICE[0])
+
+
 def start_swarm(count: int, base_port: int, keys_dir: Path, lean: bool = True,
                 logs: Path | None = None) -> list[subprocess.Popen]:
     procs = []
@@ -145,13 +206,75 @@ def start_swarm(count: int, base_port: int, keys_dir: Path, lean: bool = True,
         procs.append(subprocess.Popen(
             [sys.executable, str(ROOT / "benchmarks" / "swarm.py"), "--control", "--count", str(min(PER_PROCESS, count - start)),
              "--base-port", str(base_port + start), "--keys", str(keys_dir), *(["--lean"] if lean else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_as_other_machine,
             stderr=(logs / f"swarm-{start}.log").open("w") if logs else subprocess.DEVNULL))
     for proc in procs:
         if not proc.stdout.readline().startswith("ready"):  # type: ignore[union-attr]
             stop_all(procs)
             raise RuntimeError(f"a swarm process did not start{f': see {logs}' if logs else ''}")
     return procs
+
+
+@dataclass
+class Relay:
+    """One ``gridwatch relay`` process of the bench, and the nodes it carries."""
+
+    proc: subprocess.Popen
+    address: str  # host:port it listens on
+    nodes: str  # hostlist of the agents it carries
+    count: int
+    name: str
+
+    def cpu(self) -> float:
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
+    def rss_mb(self) -> float:
+        return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+
+    def forwarded(self, logs: Path) -> tuple[int, int] | None:
+        """Once stopped: the frames it forwarded to consoles and the writes they took, over its life (its last log line)."""
+        found = re.findall(r"(\d+) frames forwarded in (\d+) writes", (logs / f"{self.name}.log").read_text(errors="replace"))
+        return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_relays(count: int, agents: int, base_port: int, keys_dir: Path, logs: Path, timeout: float = 60) -> list[Relay]:
+    """``count`` relays on loopback, each carrying a contiguous share of the agents, listening before this returns.
+
+    The bench's key directory serves as theirs: the agents' shared host key is each relay's host key
+    (known_hosts pins it for every address), the operator key its client key to the agents.
+    """
+    relays: list[Relay] = []
+    for i in range(count):
+        first, last = base_port + i * agents // count, base_port + (i + 1) * agents // count - 1
+        port = _free_port()
+        nodes = f"127.0.0.1:[{first}-{last}]"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "console", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
+             "--name", f"relay{i + 1}", "--keys", str(keys_dir)],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=(logs / f"relay{i + 1}.out").open("w"), preexec_fn=_as_other_machine,
+            stderr=(logs / f"relay{i + 1}.log").open("w"))
+        relays.append(Relay(proc, f"127.0.0.1:{port}", nodes, last - first + 1, f"relay{i + 1}"))
+    deadline = time.monotonic() + timeout
+    for i, relay in enumerate(relays):
+        while not _listening(int(relay.address.rsplit(":", 1)[1])):
+            if relay.proc.poll() is not None or time.monotonic() > deadline:
+                stop_all([r.proc for r in relays])
+                raise RuntimeError(f"relay{i + 1} did not start listening: see {logs / f'relay{i + 1}.log'}")
+            time.sleep(0.2)
+    return relays
 
 
 def pause(swarm: list[subprocess.Popen]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -185,12 +308,16 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             keys: Any, spec: str, round_no: int) -> dict[str, Any]:
     """Consoles in ``modes`` at once on the running swarm: one window, the agents paused at both ends."""
     consoles: dict[str, subprocess.Popen] = {}
+    relays: list[Relay] = []
     try:
+        if "relayed" in modes:
+            relays = start_relays(args.relays, args.agents, args.base_port, keys.dir, tmp)
         for mode in modes:
             consoles[mode] = subprocess.Popen(
                 [sys.executable, __file__, "--serve-console", mode, "--spec", spec, "--key", str(keys.viewer_key),
                  "--known-hosts", str(keys.known_hosts), "--db", str(tmp / f"{mode}.db"),
-                 "--summary-every", str(args.summary_every)],
+                 "--summary-every", str(args.summary_every),
+                 *(["--relays-spec", json.dumps({r.address: r.nodes for r in relays})] if mode == "relayed" else [])],
                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=(tmp / f"{mode}.log").open("w"), text=True)
         for mode, c in consoles.items():
             if c.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
@@ -206,9 +333,10 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
         time.sleep(10)  # let the connection storm settle
         sent0, _ = pause(swarm)
         before = settled(consoles)
-        profiling = bool(os.environ.get("GRIDWATCH_BENCH_PROFILE"))
+        profiling = bool(os.environ.get("GRIDWATCH_BENCH_PROFILE") or os.environ.get("GRIDWATCH_BENCH_PYSPY"))
         for c in consoles.values() if profiling else ():
             _ask(c, "profile")
+        relay_cpu0 = [r.cpu() for r in relays]
         for proc in swarm:
             _ask(proc, "resume")
         started = time.monotonic()
@@ -222,19 +350,24 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             injected[str(port)] = float(_ask(proc, f"xid {port} 3 {XID_CODE}").split()[1])
         time.sleep(max(args.seconds - step * args.xids, 0))
         cpu_end = {mode: json.loads(_ask(c, "stats"))["cpu"] for mode, c in consoles.items()}
+        relay_cpu = [r.cpu() - c0 for r, c0 in zip(relays, relay_cpu0)]
         for c in consoles.values() if profiling else ():
             _ask(c, "profile")
         window = time.monotonic() - started
         sent1, ticks = pause(swarm)
         after = settled(consoles)
+        relay_rss = [r.rss_mb() for r in relays]
     finally:
         stop_all(list(consoles.values()))
+        stop_all([r.proc for r in relays])
     out: dict[str, Any] = {}
+    forwarded = [r.forwarded(tmp) for r in relays]
     for mode in modes:
         a, b = before[mode], after[mode]
         missing = gaps = bad = sent_total = got_total = 0
         for port, counts in sent1.items():
-            sent = counts[mode] - sent0[port][mode]
+            stream = "summary" if mode == "relayed" else mode  # what the agents send (to the relays, relayed)
+            sent = counts[stream] - sent0[port][stream]
             got = b["links"][port][0] - a["links"][port][0]
             sent_total += sent
             got_total += got
@@ -255,7 +388,19 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             "summaries_per_node_s": (b["summaries"] - a["summaries"]) / window / nodes,
             "xid_median_s": statistics.median(detect) if detect else None, "xids_seen": len(detect),
             "redraw_ms": b["redraw_ms"],
+            "gc_us_per_node_s": [1e6 * (b["gc_s"][g] - a["gc_s"][g]) / window / nodes for g in range(3)],
+            "gc_per_s": [(b["gc_n"][g] - a["gc_n"][g]) / window for g in range(3)],
         }
+        if mode == "relayed":
+            # Each relay's own CPU over the same window, per node it carries: the tier's cost, beside the console's.
+            out[mode]["relays"] = [
+                {"address": r.address, "nodes": r.count, "us_per_node_s": 1e6 * cpu / window / r.count,
+                 "core_pct": 100 * cpu / window, "rss_mb": rss, "state": b["relays"].get(r.address, ["?"])[0],
+                 "lines": (b["relays"][r.address][1] - a["relays"][r.address][1]) if r.address in b["relays"] else 0,
+                 "reads": (b["relays"][r.address][3] - a["relays"][r.address][3]) if r.address in b["relays"] else 0,
+                 "forwarded": fw}
+                for r, cpu, rss, fw in zip(relays, relay_cpu, relay_rss, forwarded)]
+            out[mode]["relays_cpu_s"] = sum(relay_cpu)
     return out
 
 
@@ -266,8 +411,8 @@ def part1(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-console-scale-"))
     keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
     spec = f"127.0.0.1:[{args.base_port}-{args.base_port + args.agents - 1}]"
-    # Summaries first: the mode a large fleet runs, measured before a full stream that may not fit.
-    modes = tuple(m for m in ("summary", "full") if m in args.modes)
+    # Summaries first: the mode a large fleet runs, then the same through relays, then a full stream that may not fit.
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
     swarm = start_swarm(args.agents, args.base_port, keys.dir, lean=not args.full_cost_swarm, logs=tmp)
     out: dict[str, Any] = {}
     try:
@@ -301,7 +446,10 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
         # Written by us: readings that differ per GPU and per round, one GPU hot far down the fleet.
         gpus = [p.GpuBrief(index=g, util=(i * 7 + g * 13 + seq) % 100, temp_c=95 if (i, g) == (nodes - 7, 5) else 50 + (i + g) % 20,
                            power_w=300 + 20 * g, mem_used_mb=40_000, mem_total_mb=81_920) for g in range(8)]
-        return p.Summary(node=p.Text(names[i]), seq=seq, ts=clock.now(), gpus=gpus, cpu_percent=20, every=1.0)
+        # A node's summaries come ``1 / changed`` ticks apart (a fifth of the nodes a tick: every 5 s), so a
+        # node not in this tick's share is on its cadence, not silent.
+        return p.Summary(node=p.Text(names[i]), seq=seq, ts=clock.now(), gpus=gpus, cpu_percent=20,
+                         every=max(1.0, 1.0 / changed))
 
     for i, name in enumerate(names):
         store.set_link(name, "connected", role="viewer")
@@ -348,27 +496,44 @@ def main() -> int:
                     help="the summary console's cadence (default auto: by the number of agents)")
     ap.add_argument("--connect-wait", type=float, default=300.0, metavar="S",
                     help="how long a console may take to reach every agent before it is measured with those it has")
-    ap.add_argument("--modes", default="full,summary", help="which consoles: full, summary or both (default)")
+    ap.add_argument("--modes", default="full,summary",
+                    help="which consoles, comma-separated: full, summary, relayed (default full,summary)")
+    ap.add_argument("--relays", type=int, default=5,
+                    help="relayed: how many `gridwatch relay` processes share the agents (default 5)")
     ap.add_argument("--together", action="store_true",
                     help="both consoles at once on the same agents (default: one after the other, same swarm)")
     ap.add_argument("--full-cost-swarm", action="store_true",
                     help="agents as they are, without the swarm's --lean savings (fewer agents fit)")
     ap.add_argument("--xids", type=int, default=5)
     ap.add_argument("--base-port", type=int, default=26000)
+    ap.add_argument("--others-nice", type=int, default=0, metavar="N",
+                    help="the swarm's and the relays' nice value (they stand for other machines; default 0: as the console)")
     ap.add_argument("--redraw-nodes", type=int, default=PROJECT_TO)
     ap.add_argument("--redraw-changed", type=float, default=1.0, metavar="SHARE",
                     help="share of the nodes sent a fresh summary between two redraws (default 1: every node)")
     ap.add_argument("--skip-ssh", action="store_true", help="part 2 only")
     ap.add_argument("--skip-redraw", action="store_true", help="part 1 only")
-    ap.add_argument("--serve-console", choices=("full", "summary"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve-console", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--relays-spec", default="", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--key", help=argparse.SUPPRESS)
     ap.add_argument("--known-hosts", help=argparse.SUPPRESS)
     ap.add_argument("--db", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    OTHERS_NICE[0] = args.others_nice
     if args.serve_console:
-        asyncio.run(serve_console(args.serve_console, args.spec, args.key, args.known_hosts, args.db, args.summary_every))
+        asyncio.run(serve_console(args.serve_console, args.spec, args.key, args.known_hosts, args.db, args.summary_every,
+                                  args.relays_spec))
         return 0
+    unknown = sorted(set(args.modes.split(",")) - set(MODES))
+    problem = (f"--modes takes {', '.join(MODES)} (not {', '.join(unknown)})" if unknown else
+               f"--relays must be between 1 and the number of agents ({args.agents})" if not 1 <= args.relays <= args.agents
+               else "--together cannot count the relayed console's frames apart from the summary console's (both are "
+               "summary subscribers at the agents): run them one after the other"
+               if args.together and {"summary", "relayed"} <= set(args.modes.split(",")) else "")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
     ok = True
@@ -379,7 +544,9 @@ def main() -> int:
         r = part1(args)
         how = "at once" if args.together else "one after the other"
         print(f"{args.agents} agents x 8 simulated GPUs in {-(-args.agents // PER_PROCESS)} swarm processes"
-              f"{'' if args.full_cost_swarm else ' (--lean)'} on the same cores, consoles {how} (engine on, not "
+              f"{'' if args.full_cost_swarm else ' (--lean)'} on the same cores"
+              f"{f' (swarm and relays at nice {args.others_nice})' if args.others_nice else ''}, "
+              f"consoles {how} (engine on, not "
               f"acting, fleet view drawn once a second, {SIZE[0]}x{SIZE[1]})")
         for mode, m in r.items():
             t = m["ticks"]
@@ -399,9 +566,30 @@ def main() -> int:
                   f"XID seen {m['xids_seen']}/{args.xids}, median "
                   f"{'-' if m['xid_median_s'] is None else round(m['xid_median_s'], 3)} s; "
                   f"redraw median {m['redraw_ms'] or 0:.1f} ms CPU")
+            print("           of it the garbage collector: " + ", ".join(
+                f"gen {g} {m['gc_per_s'][g]:.1f}/s {m['gc_us_per_node_s'][g]:.1f} us" for g in range(3)))
+            for rl in m.get("relays", ()):
+                print(f"           relay {rl['address']} ({rl['state']}): {rl['nodes']} nodes, {rl['us_per_node_s']:.1f} us "
+                      f"CPU per node carried per second ({rl['core_pct']:.1f} % of a core), RSS {rl['rss_mb']:.0f} MB; "
+                      f"{rl['lines']} lines to the console in {rl['reads']} reads"
+                      + ("" if rl["forwarded"] is None else f"; over its life {rl['forwarded'][0]} frames forwarded "
+                         f"in {rl['forwarded'][1]} writes ({rl['forwarded'][0] / max(rl['forwarded'][1], 1):.1f} a write; "
+                         "a link's change of state is a write of its own, the bench's pauses make two per node)"))
+            if "relays" in m:
+                carried = sum(rl["nodes"] for rl in m["relays"])
+                print(f"           relays together: {1e6 * m['relays_cpu_s'] / m['window_s'] / carried:.1f} us CPU per node "
+                      f"per second ({100 * m['relays_cpu_s'] / m['window_s']:.1f} % of a core); console + relays "
+                      f"{m['us_per_node_s'] + 1e6 * m['relays_cpu_s'] / m['window_s'] / carried:.1f} us")
             ok = ok and m["missing"] == 0 and m["gaps"] == 0 and m["bad"] == 0 and m["connected"][0] == args.agents
         if "full" in r and "summary" in r:
             print(f"  summary/full CPU ratio {r['summary']['us_per_node_s'] / r['full']['us_per_node_s']:.2f}")
+        if "relayed" in r and "summary" in r:
+            rel, direct = r["relayed"], r["summary"]
+            carried = sum(rl["nodes"] for rl in rel["relays"])
+            with_relays = rel["us_per_node_s"] + 1e6 * rel["relays_cpu_s"] / rel["window_s"] / carried
+            print(f"  relayed/direct console CPU ratio {rel['us_per_node_s'] / direct['us_per_node_s']:.2f} "
+                  f"({rel['us_per_node_s']:.1f} / {direct['us_per_node_s']:.1f} us per node per second); "
+                  f"console + relays against direct {with_relays / direct['us_per_node_s']:.2f}")
     for label, ms in ({} if args.skip_redraw else part2(args.redraw_nodes, changed=args.redraw_changed)).items():
         print(f"fleet view at {args.redraw_nodes} nodes x 8 GPUs, {args.redraw_changed:.0%} of them changed a tick "
               f"({label}): redraw median {ms:.1f} ms CPU")

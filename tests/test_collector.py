@@ -27,7 +27,7 @@ def test_a_tenth_of_the_links_coming_up_takes_a_new_baseline_at_most_once_per_ga
     clock = _Clock()
     baseline, calls = _counting(2500, clock)
     baseline.settled()  # every link tried once
-    assert calls == ["unfreeze", "collect", "freeze"] and baseline.baselines == 1
+    assert calls == ["collect", "freeze"] and baseline.baselines == 1  # what is not frozen yet: no full walk
     for _ in range(249):
         baseline.link_up()
     assert baseline.baselines == 1  # 249 of 2,500 came up: not yet a tenth
@@ -55,7 +55,18 @@ class _Node:
         self.me = self  # a cycle: only the collector frees it
 
 
-def test_what_was_frozen_and_died_is_freed_at_the_next_baseline() -> None:
+def test_a_whole_fleet_of_reconnects_takes_the_baseline_afresh() -> None:
+    clock = _Clock()
+    baseline, calls = _counting(100, clock)
+    for _ in range(2):  # two baselines of 50 ups: 100 links came up, as many as the console holds
+        for _ in range(50):
+            baseline.link_up()
+        clock.t += 5
+        baseline.tick()
+    assert calls == ["collect", "freeze", "unfreeze", "collect", "freeze"] and baseline.fresh == 1
+
+
+def test_what_was_frozen_and_died_is_freed_once_a_fleet_of_links_came_up_again() -> None:
     clock = _Clock()
     baseline = CollectorBaseline(clock=clock, links=10)
     try:
@@ -66,7 +77,8 @@ def test_what_was_frozen_and_died_is_freed_at_the_next_baseline() -> None:
         gc.collect()
         assert gone() is not None  # frozen: a full collection does not see it
         clock.t += 60
-        baseline.settled()
-        assert gone() is None  # unfrozen, collected, and the rest frozen again
+        for _ in range(50):  # the links flapped: as many came up again as the console holds (and the minimum)
+            baseline.link_up()
+        assert baseline.fresh == 1 and gone() is None  # unfrozen, collected, and the rest frozen again
     finally:
         gc.unfreeze()

@@ -116,6 +116,7 @@ class RelayStatus:
     attempts: int = 0
     bad_frames: int = 0
     messages: int = 0  # lines received from it
+    reads: int = 0  # reads of its stream: the console's wake-ups for it, many lines each
 
 
 class LinkRefused(Exception):
@@ -569,6 +570,7 @@ class Fleet:
         while True:
             # One read is many nodes' frames: the relay sends them together, which is what it is for.
             data = await proc.stdout.read(READ_CHUNK)
+            relay.reads += 1
             if not data:
                 raise ConnectionError("the relay closed the stream")
             for line in lines.feed(data):
