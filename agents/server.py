@@ -7,6 +7,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 from loguru import logger
@@ -64,7 +65,7 @@ def load_authorized(path: str) -> list[asyncssh.SSHKey]:
 
 
 @dataclass
-class _Gate:
+class Gate:
     """Connections still authenticating, capped as sshd's MaxStartups caps them; and refusals, logged sparingly."""
 
     limit: int
@@ -73,23 +74,23 @@ class _Gate:
     refused_log: LogLimiter = field(default_factory=LogLimiter)
 
 
-def _log_refused(agent: Agent, gate: _Gate, what: str, who: object) -> None:
-    held = gate.refused_log.allow()
-    if held is not None:
-        more = f" ({held} more refused requests since the last such line)" if held else ""
-        logger.bind(node=str(agent.node)).warning("refused {} from {}: only the '{}' subsystem is served{}", what, who, p.SUBSYSTEM, more)
+class RoleKeyServer(asyncssh.SSHServer):
+    """gridwatch's SSH face, per connection (the agent's and the relay's): public keys only, the role by
+    the list the key is in (read at each attempt, so adding a key needs no restart), connections still
+    authenticating capped, no forwarding of any kind. Subclasses say where the lists are and what a
+    session is."""
 
-
-class _Server(asyncssh.SSHServer):
-    """Per connection: decides the role from the key, refuses everything but public keys."""
-
-    def __init__(self, agent: Agent, gate: _Gate | None = None) -> None:
-        self.agent = agent
-        self.gate = gate or _Gate(limit=agent.config.max_unauthenticated)
+    def __init__(self, gate: Gate, node: str) -> None:
+        self.gate = gate
+        self.node = node  # whose log lines these are
         self.caller: Caller | None = None
         self._conn: asyncssh.SSHServerConnection | None = None
         self._counted = False  # holds one of the gate's places until it authenticates or leaves
         self._peer = "?"
+
+    def authorized(self) -> tuple[str, str]:
+        """The authorized_operators and authorized_viewers files."""
+        raise NotImplementedError
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
@@ -99,7 +100,7 @@ class _Server(asyncssh.SSHServer):
             held = self.gate.crowded_log.allow()
             if held is not None:
                 more = f" ({held} more since the last such line)" if held else ""
-                logger.bind(node=str(self.agent.node)).warning(
+                logger.bind(node=self.node).warning(
                     "refused a connection from {}: {} connections are still authenticating{}", self._peer, self.gate.limit, more
                 )
             conn.close()
@@ -118,9 +119,6 @@ class _Server(asyncssh.SSHServer):
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
 
-    def session_requested(self) -> asyncssh.SSHServerSession:
-        return _Session(lambda proc: _session(self.agent, proc), self)
-
     def begin_auth(self, username: str) -> bool:
         return True
 
@@ -134,71 +132,92 @@ class _Server(asyncssh.SSHServer):
         return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        cfg = self.agent.config
+        user = p.clean_text(username, 64)
         weak = weak_key_reason(key)
         if weak is not None:
-            logger.bind(node=str(self.agent.node)).warning(
-                "refused key {} for user {!r}: {}", key.get_fingerprint(), p.clean_text(username, 64), weak
-            )
+            logger.bind(node=self.node).warning("refused key {} for user {!r}: {}", key.get_fingerprint(), user, weak)
             return False
-        # Files are re-read per attempt so adding a key needs no restart.
-        for role, path in (("operator", cfg.authorized_operators), ("viewer", cfg.authorized_viewers)):
+        operators, viewers = self.authorized()
+        for role, path in (("operator", operators), ("viewer", viewers)):
             if any(k.public_data == key.public_data for k in load_authorized(path)):
-                self.caller = Caller(username=p.clean_text(username, 64), role=role, key=key.get_fingerprint())
+                self.caller = Caller(username=user, role=role, key=key.get_fingerprint())
                 return True
-        logger.bind(node=str(self.agent.node)).warning(
-            "refused key {} for user {!r}: not in authorized_viewers or authorized_operators",
-            key.get_fingerprint(),
-            p.clean_text(username, 64),
-        )
+        logger.bind(node=self.node).warning(
+            "refused key {} for user {!r}: not in authorized_viewers or authorized_operators", key.get_fingerprint(), user)
         return False
 
     def _who(self) -> str:
         return str(self.caller) if self.caller is not None else self._peer
 
-    def server_requested(self, listen_host: str, listen_port: int) -> bool:
-        _log_refused(self.agent, self.gate, "remote port forwarding", self._who())
+    def refused(self, what: str) -> bool:
+        """Say (sparingly) that ``what`` was asked and refused; False, the answer to give."""
+        held = self.gate.refused_log.allow()
+        if held is not None:
+            more = f" ({held} more refused requests since the last such line)" if held else ""
+            logger.bind(node=self.node).warning("refused {} from {}: only the '{}' subsystem is served{}",
+                                                what, self._who(), p.SUBSYSTEM, more)
         return False
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return self.refused("remote port forwarding")
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
-        _log_refused(self.agent, self.gate, "port forwarding", self._who())
-        return False
+        return self.refused("port forwarding")
 
     def unix_server_requested(self, listen_path: str) -> bool:
-        _log_refused(self.agent, self.gate, "socket forwarding", self._who())
-        return False
+        return self.refused("socket forwarding")
 
     def unix_connection_requested(self, dest_path: str) -> bool:
-        _log_refused(self.agent, self.gate, "socket forwarding", self._who())
-        return False
+        return self.refused("socket forwarding")
 
 
-class _Session(asyncssh.SSHServerProcess):
+class SubsystemSession(asyncssh.SSHServerProcess):
     """A session channel; SFTP is refused (and logged) before it starts, like everything but the subsystem."""
 
-    def __init__(self, process_factory: asyncssh.SSHServerProcessFactory, server: _Server) -> None:
+    def __init__(self, process_factory: asyncssh.SSHServerProcessFactory, server: RoleKeyServer) -> None:
         super().__init__(process_factory, None, asyncssh.sftp.MIN_SFTP_VERSION, False)
         self._server = server
 
     def subsystem_requested(self, subsystem: str) -> bool:
         if subsystem == "sftp":
-            _log_refused(self._server.agent, self._server.gate, "SFTP", self._server._who())
-            return False
+            return self._server.refused("SFTP")
         return super().subsystem_requested(subsystem)
 
 
-async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
+class _Server(RoleKeyServer):
+    """An agent's connection: its keys' lists from its config, its session the agent's stream."""
+
+    def __init__(self, agent: Agent, gate: Gate | None = None) -> None:
+        super().__init__(gate or Gate(limit=agent.config.max_unauthenticated), str(agent.node))
+        self.agent = agent
+
+    def authorized(self) -> tuple[str, str]:
+        return self.agent.config.authorized_operators, self.agent.config.authorized_viewers
+
+    def session_requested(self) -> asyncssh.SSHServerSession:
+        return SubsystemSession(lambda proc: _session(self.agent, proc), self)
+
+
+def admitted(process: asyncssh.SSHServerProcess, program: str) -> Caller | None:
+    """Who this session is, if it asked for the gridwatch subsystem; else it is refused, said and ended (None)."""
     server = process.get_extra_info("connection").get_owner()
     caller: Caller | None = getattr(server, "caller", None)
-    if process.subsystem != p.SUBSYSTEM or caller is None:
-        what = f"subsystem {process.subsystem!r}" if process.subsystem else ("a command" if process.command else "a shell")
-        if isinstance(server, _Server):
-            _log_refused(agent, server.gate, p.clean_text(what, 100), server._who())
-        process.stderr.write(
-            f"gridwatch agent: {what} is not served here; only the '{p.SUBSYSTEM}' subsystem "
-            f"(try: ssh -s -p PORT HOST {p.SUBSYSTEM})\n".encode()
-        )
-        process.exit(1)
+    if process.subsystem == p.SUBSYSTEM and caller is not None:
+        return caller
+    what = f"subsystem {process.subsystem!r}" if process.subsystem else ("a command" if process.command else "a shell")
+    if isinstance(server, RoleKeyServer):
+        server.refused(p.clean_text(what, 100))
+    process.stderr.write(
+        f"gridwatch {program}: {what} is not served here; only the '{p.SUBSYSTEM}' subsystem "
+        f"(try: ssh -s -p PORT HOST {p.SUBSYSTEM})\n".encode()
+    )
+    process.exit(1)
+    return None
+
+
+async def _session(agent: Agent, process: asyncssh.SSHServerProcess) -> None:
+    caller = admitted(process, "agent")
+    if caller is None:
         return
     def close(last: bytes) -> None:
         # Queued behind what was already written; the channel closes once that is sent.
@@ -267,13 +286,15 @@ async def serve(agent: Agent, host: str, port: int) -> asyncssh.SSHAcceptor:
         host_key = asyncssh.read_private_key(agent.config.host_key)
     except (OSError, asyncssh.KeyImportError) as exc:
         raise RuntimeError(f"cannot read the agent host key {agent.config.host_key}: {exc}") from None
-    gate = _Gate(limit=agent.config.max_unauthenticated)
-    return await asyncssh.create_server(
-        lambda: _Server(agent, gate),
-        host,
-        port,
-        server_host_keys=[host_key],
-        # Sessions are made by _Server.session_requested, which also refuses SFTP out loud.
+    gate = Gate(limit=agent.config.max_unauthenticated)
+    return await asyncssh.create_server(lambda: _Server(agent, gate), host, port, server_host_keys=[host_key],
+                                        **subsystem_server_options(agent.config.login_timeout))
+
+
+def subsystem_server_options(login_timeout: float) -> dict[str, Any]:
+    """asyncssh.create_server's settings for gridwatch's SSH face (the agent's and the relay's)."""
+    return dict(
+        # Sessions are made by the server's session_requested (SubsystemSession), which refuses SFTP out loud.
         encoding=None,
         allow_scp=False,
         sftp_factory=None,
@@ -286,6 +307,6 @@ async def serve(agent: Agent, host: str, port: int) -> asyncssh.SSHAcceptor:
         # request to answer: 2,500 nodes at 15 s were 170 a second; at 60 s, 42.
         keepalive_interval=60,
         keepalive_count_max=3,
-        login_timeout=agent.config.login_timeout,
+        login_timeout=login_timeout,
         **server_options(),
     )

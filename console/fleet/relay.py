@@ -34,8 +34,7 @@ from agents import protocol as p
 from agents.agent import AGENT_VERSION, Caller
 from agents.framing import LineBuffer
 from agents.keys import KeySet, make_host_key
-from agents.server import authorized_file_problem, load_authorized
-from agents.sshpolicy import server_options, weak_key_reason
+from agents.server import Gate, RoleKeyServer, SubsystemSession, admitted, authorized_file_problem, subsystem_server_options
 from console.fleet.client import Fleet, FleetOptions, LinkState, NodeLink
 from console.fleet.hostlist import Endpoint, HostlistError, parse_endpoints
 
@@ -461,101 +460,28 @@ def _no_link(link: NodeLink) -> str:
 # ------------------------------------------------------------------ the SSH face
 
 
-class _RelayServer(asyncssh.SSHServer):
-    """Per connection: the console's role from the list its key is in; nothing but public keys."""
+class _RelayServer(RoleKeyServer):
+    """A console's connection to the relay: the keys' lists from the key directory, its session a ConsoleSession."""
 
     def __init__(self, relay: Relay) -> None:
+        super().__init__(relay.gate, relay.name)
         self.relay = relay
-        self.caller: Caller | None = None
-        self._peer = "?"
-        self._counted = False
-        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def authorized(self) -> tuple[str, str]:
+        return self.relay.keys.authorized_operators, self.relay.keys.authorized_viewers
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
-        self._conn = conn
-        peer = conn.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
-        if self.relay.unauthenticated >= self.relay.max_unauthenticated:
-            self.relay.log.warning("refused a connection from {}: {} connections are still authenticating",
-                                   self._peer, self.relay.max_unauthenticated)
-            conn.close()
-            return
-        self.relay.unauthenticated += 1
-        self._counted = True
-        self.relay.connections.add(conn)
-
-    def _release(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.relay.unauthenticated -= 1
-
-    def auth_completed(self) -> None:
-        self._release()
+        super().connection_made(conn)
+        if self._counted:  # not turned away at the gate
+            self.relay.connections.add(conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._release()
+        super().connection_lost(exc)
         if self._conn is not None:
             self.relay.connections.discard(self._conn)
 
     def session_requested(self) -> asyncssh.SSHServerSession:
-        return _RelaySession(lambda proc: self.relay.session(proc), self)
-
-    def begin_auth(self, username: str) -> bool:
-        return True
-
-    def password_auth_supported(self) -> bool:
-        return False
-
-    def kbdint_auth_supported(self) -> bool:
-        return False
-
-    def public_key_auth_supported(self) -> bool:
-        return True
-
-    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        user = p.clean_text(username, 64)
-        weak = weak_key_reason(key)
-        if weak is not None:
-            self.relay.log.warning("refused key {} for user {!r}: {}", key.get_fingerprint(), user, weak)
-            return False
-        # Read per attempt, as the agent does: adding a console's key needs no restart.
-        for role, path in (("operator", self.relay.keys.authorized_operators), ("viewer", self.relay.keys.authorized_viewers)):
-            if any(k.public_data == key.public_data for k in load_authorized(path)):
-                self.caller = Caller(username=user, role=role, key=key.get_fingerprint())
-                return True
-        self.relay.log.warning("refused key {} for user {!r}: not in authorized_viewers or authorized_operators",
-                               key.get_fingerprint(), user)
-        return False
-
-    def _refused(self, what: str) -> bool:
-        self.relay.log.warning("refused {} from {}: only the '{}' subsystem is served", what,
-                               self.caller or self._peer, p.SUBSYSTEM)
-        return False
-
-    def server_requested(self, listen_host: str, listen_port: int) -> bool:
-        return self._refused("remote port forwarding")
-
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
-        return self._refused("port forwarding")
-
-    def unix_server_requested(self, listen_path: str) -> bool:
-        return self._refused("socket forwarding")
-
-    def unix_connection_requested(self, dest_path: str) -> bool:
-        return self._refused("socket forwarding")
-
-
-class _RelaySession(asyncssh.SSHServerProcess):
-    """A session channel; SFTP is refused (and logged) before it starts."""
-
-    def __init__(self, process_factory: asyncssh.SSHServerProcessFactory, server: _RelayServer) -> None:
-        super().__init__(process_factory, None, asyncssh.sftp.MIN_SFTP_VERSION, False)
-        self._server = server
-
-    def subsystem_requested(self, subsystem: str) -> bool:
-        if subsystem == "sftp":
-            return self._server._refused("SFTP")
-        return super().subsystem_requested(subsystem)
+        return SubsystemSession(lambda proc: self.relay.session(proc), self)
 
 
 @dataclass
@@ -572,7 +498,6 @@ class Relay:
     login_timeout: float = 30.0
     max_unsent: int = MAX_UNSENT_BYTES
     counts: RelayCounts = field(default_factory=RelayCounts)
-    unauthenticated: int = 0
     sessions: dict[ConsoleSession, asyncio.Task[Any] | None] = field(default_factory=dict)
     connections: set[asyncssh.SSHServerConnection] = field(default_factory=set)
     allowed: frozenset[Endpoint] = frozenset()
@@ -581,6 +506,7 @@ class Relay:
     def __post_init__(self) -> None:
         self.allowed = frozenset(self.nodes)
         self.log = logger.bind(node=self.name)
+        self.gate = Gate(limit=self.max_unauthenticated)  # consoles still authenticating, capped as an agent caps them
 
     def fleet_options(self, sub: p.RelaySubscribe) -> FleetOptions:
         return FleetOptions(
@@ -627,25 +553,12 @@ class Relay:
         self.check_keys()
         host_key = self.host_key()
         self._acceptor = await asyncssh.create_server(
-            lambda: _RelayServer(self), host, port,
-            server_host_keys=[host_key],
-            encoding=None, allow_scp=False, sftp_factory=None, agent_forwarding=False, x11_forwarding=False,
-            line_editor=False,
-            encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
-            keepalive_interval=60, keepalive_count_max=3, login_timeout=self.login_timeout,
-            **server_options(),
-        )
+            lambda: _RelayServer(self), host, port, server_host_keys=[host_key], **subsystem_server_options(self.login_timeout))
         return int(self._acceptor.sockets[0].getsockname()[1])
 
     async def session(self, process: asyncssh.SSHServerProcess) -> None:
-        server = process.get_extra_info("connection").get_owner()
-        caller: Caller | None = getattr(server, "caller", None)
-        if process.subsystem != p.SUBSYSTEM or caller is None:
-            what = f"subsystem {process.subsystem!r}" if process.subsystem else ("a command" if process.command else "a shell")
-            if isinstance(server, _RelayServer):
-                server._refused(p.clean_text(what, 100))
-            process.stderr.write(f"gridwatch relay: {what} is not served here; only the '{p.SUBSYSTEM}' subsystem\n".encode())
-            process.exit(1)
+        caller = admitted(process, "relay")
+        if caller is None:
             return
         session = ConsoleSession(self, process, caller)
         self.sessions[session] = asyncio.current_task()
