@@ -115,7 +115,8 @@ async def _quit(session: str) -> None:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 async def test_gridwatch_console_in_tmux_shows_the_nodes(keys, tmp_path) -> None:
     async with console_in_tmux(keys, tmp_path, ["tmux-node-1", "tmux-node-2"]) as session:
-        assert "4 GPUs" in _capture(session)
+        # A link is up before its first sample is in: the GPUs are counted a redraw later.
+        await _wait_on_screen(session, "4 GPUs", "both nodes' GPUs counted in the footer")
         _tmux("send-keys", "-t", session, ":")
         await _wait_on_screen(session, "node NAME", "the command line")
         _tmux("send-keys", "-t", session, "-l", "training")
