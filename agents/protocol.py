@@ -573,6 +573,11 @@ class Relayed(Frame, tag="relayed"):
     frame: msgspec.Raw
 
 
+def relayed(endpoint: str, frame: Frame) -> Relayed:
+    """``frame`` of (or for) the node at ``endpoint``, wrapped to pass through a relay as it was written."""
+    return Relayed(endpoint=Text(endpoint), frame=msgspec.Raw(encode(frame)[:-1]))
+
+
 class RelayLink(Frame, tag="relay_link"):
     """Relay -> console: the relay's link to one node changed (the words of the console's link states)."""
 

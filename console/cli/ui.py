@@ -228,9 +228,8 @@ async def _headless(runtime, duration: float | None, control: str | None = None)
 
         print(cadence_line(fleet_options.summary_every, len(getattr(runtime.fleet, "links", ()))), flush=True)
     def relay_line(relay) -> None:  # noqa: ANN001 - a RelayStatus
-        behind = f"{len(relay.carried):,} nodes"
-        said = f"relay {relay.endpoint} up ({behind})" if str(relay.state) == "connected" else \
-            f"{relay.last_error or f'relay {relay.endpoint} down'} ({behind} behind it)"
+        # Down: the runtime's own line for it (the status line's); up: its return.
+        said = runtime.relays_down.get(str(relay.endpoint)) or f"relay {relay.endpoint} up ({len(relay.carried):,} nodes)"
         print(clean_text(said), flush=True)
 
     runtime.hooks.relay.append(relay_line)

@@ -25,7 +25,6 @@ from enum import StrEnum
 from typing import Any
 
 import asyncssh
-import msgspec
 from loguru import logger
 
 from agents import protocol as p
@@ -261,10 +260,6 @@ class Fleet:
 
     # --------------------------------------------------------------- requests
 
-    def links_by_endpoint(self) -> dict[str, NodeLink]:
-        """Every link by its "host:port"."""
-        return {str(ep): link for ep, link in self.links.items()}
-
     def send(self, link: NodeLink, frame: p.Frame) -> bool:
         """Write one frame to ``link``'s agent (or its relay); False when there is no stream to write to."""
         return self._send(link, frame)
@@ -273,7 +268,7 @@ class Fleet:
         if link.via is not None:
             # Through the relay: it hands the frame to the node as we wrote it.
             proc = self._relay_procs.get(link.via)
-            data = p.encode(p.Relayed(endpoint=p.Text(str(link.endpoint)), frame=msgspec.Raw(p.encode(frame)[:-1])))
+            data = p.encode(p.relayed(str(link.endpoint), frame))
         else:
             proc = self._procs.get(link.endpoint)
             data = p.encode(frame)
@@ -528,10 +523,7 @@ class Fleet:
                 message = "relay " + message.replace("the agent", "the relay")
                 if message != relay.last_error:
                     log.warning(message)
-                was = relay.state
-                relay.state, relay.last_error = state, message
-                if was not in (LinkState.DOWN, LinkState.REFUSED) or was != state:
-                    self.on_relay(relay)  # once as it goes down, not at each attempt while it stays so
+                self._relay_is(relay, state, message)
             finally:
                 self._relay_procs.pop(relay.endpoint, None)
                 conn = self._conns.pop(relay.endpoint, None)
@@ -539,14 +531,17 @@ class Fleet:
                     conn.close()
             if self._stopping:
                 return
-            if relay.state not in (LinkState.REFUSED, LinkState.DOWN):
-                relay.state = LinkState.DOWN
-                relay.last_error = relay.last_error or f"relay {relay.endpoint}: the relay closed the link"
-                self.on_relay(relay)
-            said = relay.last_error or f"relay {relay.endpoint}: the relay closed the link"
+            # A session ends only by an exception: the relay is down or refused now, and so are its nodes.
             for link in relay.carried.values():
-                self._set(link, LinkState.DOWN if relay.state != LinkState.REFUSED else LinkState.REFUSED, said)
+                self._set(link, relay.state, relay.last_error or f"relay {relay.endpoint}: the relay closed the link")
             await asyncio.sleep(self._backoff(relay))
+
+    def _relay_is(self, relay: RelayStatus, state: LinkState, error: str | None) -> None:
+        """The relay's own link is in ``state``; told once per change, not at each attempt while it stays so."""
+        changed = relay.state != state
+        relay.state, relay.last_error = state, error
+        if changed:
+            self.on_relay(relay)
 
     async def _relay_session(self, relay: RelayStatus) -> None:
         o = self.options
@@ -563,8 +558,8 @@ class Fleet:
             raise ConnectionError("the relay closed the stream after its hello")
         for link in relay.carried.values():
             link.read_from_start = False
-        relay.state, relay.last_error, relay.attempts = LinkState.CONNECTED, None, 0
-        self.on_relay(relay)
+        relay.attempts = 0
+        self._relay_is(relay, LinkState.CONNECTED, None)
         for line in rest:
             self._on_relay_line(relay, line)
         while True:

@@ -253,8 +253,7 @@ class ConsoleSession:
         self._emit(p.Error(code=p.Text(code), message=p.Text(message), ts=p.now(), node=p.Text(self.relay.name)), urgent=True)
 
     def _relayed(self, endpoint: Endpoint, frame: p.Frame, urgent: bool) -> None:
-        inner = p.encode(frame)[:-1]
-        self._emit(p.Relayed(endpoint=p.Text(str(endpoint)), frame=msgspec.Raw(inner)), urgent)
+        self._emit(p.relayed(str(endpoint), frame), urgent)
 
     def close(self, abort: bool = False) -> None:
         if self.state is SessionState.CLOSED:
