@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Most tests wait on processes and sockets, not the CPU: three workers keep two cores busy. Each test file
+# runs whole in one worker, so a file's servers (Slurm, etcd) start once.
+TEST_WORKERS ?= 3
 
 .PHONY: demo test install clean bench
 
@@ -19,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/gridwatch demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="measured window per program (default 60)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
     logs = [tmp / "train.log", tmp / "nccl.log"]
@@ -74,7 +74,7 @@ def main() -> int:
         log.touch()
     threading.Thread(target=writer, daemon=True).start()
     agent = [
-        sys.executable, "-m", "console", "agent", "--node-name", "bench", "--listen", "127.0.0.1:0",
+        sys.executable, "-m", "gridwatch", "agent", "--node-name", "bench", "--listen", "127.0.0.1:0",
         "--host-key", str(keys.host_key), "--authorized-viewers", str(keys.authorized_viewers),
         "--authorized-operators", str(keys.authorized_operators), "--simulate-gpus", "8", "--interval", "1",
         "--log", str(logs[0]), "--log", str(logs[1]),

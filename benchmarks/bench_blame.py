@@ -6,7 +6,7 @@ One job of ``--nodes`` nodes (torch on CPU/gloo, the coordinator) trains; each
 round freezes one node's worker (SIGSTOP), makes it spin in Python before its
 collective, or hangs it inside one (a simulated GPU hang), rotating the kind
 and the node. Every 0.5 s the bench reads every trainer's collective record
-from its control socket and runs :func:`playbooks.blame_collectives.blame`; a
+from its control socket and runs :func:`gridwatch.playbooks.blame_collectives.blame`; a
 round ends at the first verdict that names someone, or after 30 s. The
 baseline, measured in the same rounds, blames the first node that reported:
 the node whose trainer reported the failure first (the first "generation
@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.simdevices import SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, state_path, write_state  # noqa: E402
-from playbooks.blame_collectives import blame  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.control import CollectiveRecord, read_status  # noqa: E402
-from trainer.flight import gather  # noqa: E402
-from trainer.launch import LocalRun, start_local_run  # noqa: E402
+from gridwatch.playbooks.blame_collectives import blame  # noqa: E402
+from gridwatch.trainer.config import TrainConfig  # noqa: E402
+from gridwatch.trainer.flight import gather  # noqa: E402
+from gridwatch.trainer.launch import LocalRun, start_local_run  # noqa: E402
+from gridwatch.wire.control import CollectiveRecord, read_status  # noqa: E402
+from gridwatch.wire.simdevices import SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, state_path, write_state  # noqa: E402
 
 KINDS = ("sigstop", "spin", "stuck")
 VERDICT_LIMIT_S = 30.0
@@ -56,7 +56,7 @@ def _wait(cond, timeout: float, what: str) -> None:
     raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s")
 
 
-# What a trainer's log says when its collective failed, timed out or stalled (trainer.worker, trainer.group).
+# What a trainer's log says when its collective failed, timed out or stalled (gridwatch.trainer.worker, gridwatch.trainer.group).
 _REPORTS = ("failed (", "Watchdog caught", "no progress for", "training stopped", "is stuck in generation")
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint import Manifest
-from trainer.config import TrainConfig
-from trainer.model import ByteGPT, ModelConfig, param_count
-from trainer.state import init_optimizer_state, live_tensors
-from trainer.tiers import TieredCheckpointer
+from gridwatch.trainer.checkpoint import Manifest
+from gridwatch.trainer.config import TrainConfig
+from gridwatch.trainer.model import ByteGPT, ModelConfig, param_count
+from gridwatch.trainer.state import init_optimizer_state, live_tensors
+from gridwatch.trainer.tiers import TieredCheckpointer
 
 SHAPES = {20: ModelConfig(dim=512, layers=6, heads=8, seq_len=64), 200: ModelConfig(dim=1280, layers=10, heads=16, seq_len=64)}
 

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.protocol import (  # noqa: E402
+from gridwatch.console.fleet.state import ManualClock, StateStore  # noqa: E402
+from gridwatch.wire.protocol import (  # noqa: E402
     GpuInfo,
     GpuSample,
     Hello,
@@ -31,7 +32,6 @@ from agents.protocol import (  # noqa: E402
     decode_agent_frame,
     encode,
 )
-from console.fleet.state import ManualClock, StateStore  # noqa: E402
 
 NODES = 1250
 GPUS = 8
@@ -75,8 +75,8 @@ def cpu_ms(fn) -> float:  # noqa: ANN001
 
 async def bench_console_tick(ticks: int) -> dict[str, float]:
     """Fan-in of one round of 1,250 frames, and one redraw tick of the fleet view (render included)."""
-    from console.tui.app import GridwatchApp
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.tui.app import GridwatchApp
 
     clock = ManualClock(1_700_000_000.0)
     store, rounds = make_store(clock)
@@ -124,8 +124,8 @@ async def bench_datatable_baseline(ticks: int) -> dict[str, float]:
 
 async def bench_cpu_at_1hz(seconds: float) -> dict[str, float]:
     """The whole console process for ``seconds``: 1,250 frames a second decoded and applied, the UI ticking at 1 Hz."""
-    from console.tui.app import GridwatchApp
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.tui.app import GridwatchApp
 
     store, rounds = make_store(ManualClock(1_700_000_000.0))
     store.clock = type("Wall", (), {"now": staticmethod(time.time)})()

@@ -114,7 +114,7 @@ def main() -> int:
     ap.add_argument("--base-port", type=int, default=23000)
     ap.add_argument("--gpus", type=int, default=8)
     args = ap.parse_args()
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-console-fanin-"))
     keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
@@ -124,7 +124,7 @@ def main() -> int:
     try:
         log = tmp / "console.log"
         console = subprocess.Popen(
-            [sys.executable, "-m", "console", "console", "--headless", "--nodes", spec, "--key", str(keys.viewer_key),
+            [sys.executable, "-m", "gridwatch", "console", "--headless", "--nodes", spec, "--key", str(keys.viewer_key),
              "--known-hosts", str(keys.known_hosts), "--db", str(tmp / "incidents.db")],
             cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
         _wait_summary(log, 0, args.agents, 300, f"all {args.agents} agents connected")
@@ -141,7 +141,7 @@ def main() -> int:
         stop_all([console])
         tell(agents, "resume")
         tail = subprocess.Popen(
-            [sys.executable, "-m", "console", "tail", "--nodes", spec, "--key", str(keys.viewer_key),
+            [sys.executable, "-m", "gridwatch", "tail", "--nodes", spec, "--key", str(keys.viewer_key),
              "--known-hosts", str(keys.known_hosts), "--json"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(min(60.0, 10 + args.agents / 25))  # connected and settled
         tail_cpu = cpu_percent_over(tail.pid, args.seconds)

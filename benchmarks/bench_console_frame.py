@@ -29,10 +29,10 @@ def main() -> int:
 
     from loguru import logger
 
-    from agents import protocol as p
-    from agents.sources.simulated import SimulatedGpus
-    from console.runtime.core import RuntimeOptions, build_runtime
-    from playbooks.clock import ManualClock
+    from gridwatch.agent.sources.simulated import SimulatedGpus
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.playbooks.clock import ManualClock
+    from gridwatch.wire import protocol as p
 
     logger.remove()
     clock = ManualClock(1_700_000_000.0)

@@ -74,11 +74,11 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
     """
     from loguru import logger
 
-    from agents.protocol import Event, StreamMode, Summary
-    from console.fleet.hostlist import parse_endpoints
-    from console.runtime.config import cadence_line, parse_summary_every
-    from console.runtime.core import RuntimeOptions, build_runtime
-    from console.tui.app import GridwatchApp
+    from gridwatch.console.runtime.config import cadence_line, parse_summary_every
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.tui.app import GridwatchApp
+    from gridwatch.sshlink.hostlist import parse_endpoints
+    from gridwatch.wire.protocol import Event, StreamMode, Summary
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
@@ -262,7 +262,7 @@ def start_relays(count: int, agents: int, base_port: int, keys_dir: Path, logs: 
         port = _free_port()
         nodes = f"127.0.0.1:[{first}-{last}]"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "console", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
+            [sys.executable, "-m", "gridwatch", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
              "--name", f"relay{i + 1}", "--keys", str(keys_dir)],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=(logs / f"relay{i + 1}.out").open("w"), preexec_fn=_as_other_machine,
             stderr=(logs / f"relay{i + 1}.log").open("w"))
@@ -406,7 +406,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
 
 def part1(args: argparse.Namespace) -> dict[str, Any]:
     """The full stream and summaries side by side in one run: in turn on the same swarm, or (``--together``) at once."""
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-console-scale-"))
     keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
@@ -431,11 +431,11 @@ def part1(args: argparse.Namespace) -> dict[str, Any]:
 
 def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]:
     """Median CPU ms of the fleet view's tick and paint with ``nodes`` in the store, per way of looking."""
-    from agents import protocol as p
-    from console.fleet.state import ManualClock, StateStore
-    from console.runtime.core import ConsoleRuntime, MemoryIncidents
-    from console.tui.app import GridwatchApp
-    from console.tui.widgets import GpuHeatmap
+    from gridwatch.console.fleet.state import ManualClock, StateStore
+    from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+    from gridwatch.console.tui.app import GridwatchApp
+    from gridwatch.console.tui.widgets import GpuHeatmap
+    from gridwatch.wire import protocol as p
 
     clock = ManualClock(1_700_000_000.0)
     store = StateStore(clock)
@@ -538,7 +538,7 @@ def main() -> int:
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
     ok = True
     if not args.skip_ssh:
-        from console.runtime.config import parse_summary_every
+        from gridwatch.console.runtime.config import parse_summary_every
 
         parse_summary_every(args.summary_every)  # a bad value fails here, not in a console started later
         r = part1(args)

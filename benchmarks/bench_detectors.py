@@ -91,13 +91,15 @@ def score(detect: Detect, records: list[dict[str, Any]]) -> Figures:
 def load_baseline(rev: str) -> Detect:
     """``detect`` as the package was at ``rev``, imported under another name from a scratch copy."""
     scratch = Path(tempfile.mkdtemp(prefix="gw-bench-detectors-"))
-    listing = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "agents/detectors/"],
-                             check=True, capture_output=True, text=True).stdout.split()
+    # The detectors moved from agents/ to gridwatch/agent/: a baseline from before the move is read from there.
+    listing = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "gridwatch/agent/detectors/",
+                              "agents/detectors/"], check=True, capture_output=True, text=True).stdout.split()
     pkg = scratch / "baseline_detectors"
     pkg.mkdir()
     for path in listing:
         text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
-        (pkg / Path(path).name).write_text(text.replace("agents.detectors", "baseline_detectors"))
+        (pkg / Path(path).name).write_text(text.replace("gridwatch.agent.detectors", "baseline_detectors")
+                                          .replace("agents.detectors", "baseline_detectors"))
     sys.path.insert(0, str(scratch))
     return importlib.import_module("baseline_detectors").detect
 
@@ -124,7 +126,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
 
-    from agents.detectors import detect
+    from gridwatch.agent.detectors import detect
 
     baseline = load_baseline(args.baseline)
     records = real_records()

@@ -68,7 +68,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--base-port", type=int, default=21000)
     args = ap.parse_args()
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     tmp = Path(tempfile.mkdtemp(prefix="gw-fanin-"))
     keys = init_keys(tmp / "keys", shared_host_key=True)  # one key for many loopback agents: a bench, not a deployment
@@ -78,7 +78,7 @@ def main() -> int:
         spec = f"127.0.0.1:[{args.base_port}-{args.base_port + args.agents - 1}]"
         out = tmp / "tail.jsonl"
         tail = subprocess.Popen(
-            [sys.executable, "-m", "console", "tail", "--nodes", spec, "--key", str(keys.viewer_key), "--known-hosts",
+            [sys.executable, "-m", "gridwatch", "tail", "--nodes", spec, "--key", str(keys.viewer_key), "--known-hosts",
              str(keys.known_hosts), "--json", "--duration", str(args.seconds + 60)],
             cwd=ROOT, stdout=out.open("wb"), stderr=subprocess.DEVNULL)
         # Wait until every node said hello (connections take a while to open).

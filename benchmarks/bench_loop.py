@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loguru import logger  # noqa: E402
 
-from console.demo.chaos import FaultSpec  # noqa: E402
-from console.demo.cluster import ClusterOptions  # noqa: E402
-from console.demo.progress import StepPoint  # noqa: E402
-from console.demo.session import DemoOptions, DemoSession  # noqa: E402
+from gridwatch.console.demo.chaos import FaultSpec  # noqa: E402
+from gridwatch.console.demo.cluster import ClusterOptions  # noqa: E402
+from gridwatch.console.demo.progress import StepPoint  # noqa: E402
+from gridwatch.console.demo.session import DemoOptions, DemoSession  # noqa: E402
 
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]
 GAP_S = 1.0  # steps come every ~0.05-0.3 s here (checkpoints are written in the background); a longer gap is a stall

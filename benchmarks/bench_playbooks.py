@@ -1,7 +1,7 @@
 """Playbook engine cost: replaying a fleet's trace through the shipped playbooks.
 
 A synthetic trace of NODES nodes x 8 GPUs, one sample per node per second, is
-replayed with `playbooks.replay.replay` (decode + engine + 1 s ticks). Baseline,
+replayed with `gridwatch.playbooks.replay.replay` (decode + engine + 1 s ticks). Baseline,
 measured in the same run on the same lines: decoding them alone with the
 protocol decoder (the floor any consumer of the stream pays).
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents import protocol as p  # noqa: E402
-from agents.sources.simulated import SimulatedGpus  # noqa: E402
-from playbooks.loader import load_builtin  # noqa: E402
-from playbooks.replay import replay  # noqa: E402
+from gridwatch.agent.sources.simulated import SimulatedGpus  # noqa: E402
+from gridwatch.playbooks.loader import load_builtin  # noqa: E402
+from gridwatch.playbooks.replay import replay  # noqa: E402
+from gridwatch.wire import protocol as p  # noqa: E402
 
 
 def trace(nodes: int, seconds: int) -> list[bytes]:

@@ -22,17 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import os
+import platform
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from trainer.config import TrainConfig
-from trainer.control import request
-from trainer.launch import LocalRun, start_local_run
+from gridwatch.trainer.config import TrainConfig
+from gridwatch.trainer.launch import LocalRun, start_local_run
+from gridwatch.wire.control import request
 
 WINDOW_S = 120.0
 

@@ -40,7 +40,7 @@ TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--t
 def soak(minutes: float, every: float, seed: int, nodes: int, mode: str, keep: Path | None,
          trainer: list[str]) -> dict:
     directory = keep or Path(tempfile.mkdtemp(prefix="gridwatch-soak-"))
-    argv = [sys.executable, "-m", "console", "demo", "--headless", "--json", "--chaos",
+    argv = [sys.executable, "-m", "gridwatch", "demo", "--headless", "--json", "--chaos",
             "--duration", f"{minutes * 60:g}", "--fault-every", f"{every:g}", "--seed", str(seed),
             "--nodes", str(nodes), "--gpus", "2", "--interval", "0.5", "--dir", str(directory),
             *(f"--train-arg={a}" for a in trainer)]
@@ -74,7 +74,7 @@ def show(summary: dict) -> None:
         print(f"  note: {note}")
 
 
-# The uses of time in the order of console.fleet.goodput.TimeUse (read from the JSON, so no import).
+# The uses of time in the order of gridwatch.console.fleet.goodput.TimeUse (read from the JSON, so no import).
 USES = ("productive", "detection", "reform", "recompute", "checkpoint", "restore", "waiting", "startup",
         "slow_steps", "other")
 

@@ -42,7 +42,7 @@ def lean_gpus(count: int, seed: int):  # noqa: ANN201 - a SimulatedGpus
     """Simulated GPUs whose healthy readings repeat after ``REPLAY_ROUNDS`` ticks; faulted ones are simulated again."""
     import msgspec
 
-    from agents.sources.simulated import SimulatedGpus
+    from gridwatch.agent.sources.simulated import SimulatedGpus
 
     class ReplayedGpus(SimulatedGpus):
         def __init__(self) -> None:
@@ -136,10 +136,10 @@ async def start_agents(count: int, base_port: int, keys: str, gpus: int, interva
     """``count`` agents serving SSH on consecutive loopback ports, not yet sampling (call their ``run``)."""
     from loguru import logger
 
-    from agents.agent import Agent
-    from agents.config import AgentConfig
-    from agents.server import serve
-    from agents.sources.simulated import SimulatedGpus
+    from gridwatch.agent.agent import Agent
+    from gridwatch.agent.config import AgentConfig
+    from gridwatch.agent.server import serve
+    from gridwatch.agent.sources.simulated import SimulatedGpus
 
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
@@ -173,7 +173,7 @@ async def run(count: int, base_port: int, keys: str, gpus: int, interval: float,
 async def run_controlled(count: int, base_port: int, keys: str, gpus: int, interval: float, prefix: str,
                          lean: bool = False) -> None:
     """The swarm, driven on stdin (see the module's text): a benchmark counts what was sent against what arrived."""
-    from agents.protocol import StreamMode
+    from gridwatch.wire.protocol import StreamMode
 
     agents = await start_agents(count, base_port, keys, gpus, interval, prefix, lean)
     loop = asyncio.get_running_loop()

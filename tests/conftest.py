@@ -62,8 +62,8 @@ def wait_until_sync(cond: Callable[[], object], timeout: float = 10.0, what: str
 @pytest.fixture(scope="session", autouse=True)
 def _tier0_cleanup():
     """Interrupted test runs keep their RAM tier for a resume (a finished run removes its own); the suite gives it back at the end."""
-    from trainer.config import tier0_base
-    from trainer.private import remove_private_dir
+    from gridwatch.trainer.config import tier0_base
+    from gridwatch.trainer.private import remove_private_dir
 
     bases = {b for b in (tier0_base(), Path("/dev/shm")) if b is not None and b.is_dir()}
     before = {p for b in bases for p in b.glob("gw-*")}
@@ -76,7 +76,7 @@ def _tier0_cleanup():
 def keys(tmp_path: Path):
     # One host key for every test agent, chosen explicitly: tests start many agents on
     # fresh ports and pin them all with one '*' line. Deployments give each node its own.
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     return init_keys(tmp_path / "keys", shared_host_key=True)
 
@@ -95,10 +95,10 @@ class RunningAgent:
 
 async def start_agent(keys, name: str = "node-1", gpus: int = 2, interval: float = 0.1, tailer: object = None, **cfg) -> RunningAgent:
     """A real agent, in this event loop, serving SSH on a loopback port."""
-    from agents.agent import Agent
-    from agents.config import AgentConfig
-    from agents.server import serve
-    from agents.sources.simulated import SimulatedGpus
+    from gridwatch.agent.agent import Agent
+    from gridwatch.agent.config import AgentConfig
+    from gridwatch.agent.server import serve
+    from gridwatch.agent.sources.simulated import SimulatedGpus
 
     config = AgentConfig(
         node_name=name,
@@ -132,7 +132,7 @@ async def agent(keys) -> AsyncIterator[RunningAgent]:
 def spawn_agent(keys, port: int, name: str = "node-1", *extra: str, log: Path | None = None) -> subprocess.Popen:
     """A real agent process (``gridwatch agent``) for tests that kill it."""
     cmd = [
-        PYTHON, "-m", "console", "agent",
+        PYTHON, "-m", "gridwatch", "agent",
         "--node-name", name,
         "--listen", f"127.0.0.1:{port}",
         "--host-key", str(keys.host_key),

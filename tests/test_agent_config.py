@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.config import AgentConfig, ConfigError, load
+from gridwatch.agent.config import AgentConfig, ConfigError, load
 from tests.conftest import ROOT
 
 
 def _agent(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console", "agent", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gridwatch", "agent", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions
-from console.fleet.hostlist import parse_endpoints
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
-from trainer.control_server import ControlServer
 
 
 async def test_status_events_and_isolation_reach_the_trainer(keys, tmp_path):
@@ -16,7 +16,7 @@ async def test_status_events_and_isolation_reach_the_trainer(keys, tmp_path):
     server = ControlServer(sock, lambda: status, node="node-1")
     server.start()
     ra = await start_agent(keys)
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     ra.agent.trainer = TrainerLink(sock, interval=0.05)
     ra.agent.trainer.start()
@@ -56,7 +56,7 @@ async def test_no_trainer_is_a_clear_answer(agent, keys):
 
 
 def test_a_trainer_is_reported_gone_only_after_the_grace():
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     t = [0.0]
     link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])
@@ -75,7 +75,7 @@ def test_a_trainer_is_reported_gone_only_after_the_grace():
 
 
 def test_a_trainer_that_left_on_request_is_not_a_fault():
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     t = [0.0]
     link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])

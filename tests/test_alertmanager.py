@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.clock import ManualClock, SystemClock
-from playbooks.notify import Alertmanager, AlertmanagerHealth, DefaultNotifier
-from playbooks.plans import Incident, PlannedStep
+from gridwatch.playbooks.clock import ManualClock, SystemClock
+from gridwatch.playbooks.notify import Alertmanager, AlertmanagerHealth, DefaultNotifier
+from gridwatch.playbooks.plans import Incident, PlannedStep
 from tests.alertmanager_server import Alertmanager as AlertmanagerServer
 from tests.alertmanager_server import running_alertmanager
 from tests.conftest import free_port, wait_until
@@ -134,8 +134,8 @@ def test_a_bad_alertmanager_url_is_one_line() -> None:
 
 async def test_an_incident_from_a_real_agent_pages_and_resolves(am: AlertmanagerServer, agent, keys,
                                                                 tmp_path: Path) -> None:
-    from console.fleet.hostlist import parse_endpoints
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.sshlink.hostlist import parse_endpoints
 
     runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(agent.spec), key_path=str(keys.operator_key),
                                            known_hosts=str(keys.known_hosts), db_path=str(tmp_path / "i.db"),
@@ -165,8 +165,8 @@ def test_cluster_toml_and_the_flag_take_alertmanager_and_refuse_a_bad_url(keys, 
     import subprocess
     import sys
 
-    from console.runtime.config import ConfigError, load_cluster
-    from console.runtime.core import RuntimeOptions
+    from gridwatch.console.runtime.config import ConfigError, load_cluster
+    from gridwatch.console.runtime.core import RuntimeOptions
 
     base = (f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
             f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n')
@@ -179,7 +179,7 @@ def test_cluster_toml_and_the_flag_take_alertmanager_and_refuse_a_bad_url(keys, 
     for args in (["console", "--headless", "--cluster", str(bad)],
                  ["console", "--headless", "--cluster", str(good), "--alertmanager", "ftp://am"],
                  ["demo", "--headless", "--alertmanager", "am:9093"]):
-        res = subprocess.run([sys.executable, "-m", "console", *args, "--duration", "0.1"],
+        res = subprocess.run([sys.executable, "-m", "gridwatch", *args, "--duration", "0.1"],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip().count("\n") == 0 and "alertmanager" in res.stderr and "Traceback" not in res.stderr

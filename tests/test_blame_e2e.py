@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.simdevices import SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, state_path, write_state
-from console.demo.cluster import trainer_unavailable
+from gridwatch.console.demo.cluster import trainer_unavailable
+from gridwatch.wire.simdevices import SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, state_path, write_state
 from tests.conftest import wait_until_sync
 
 NODES = ["node-1", "node-2", "node-3"]
@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from gridwatch.trainer.launch import start_local_run
     from tests.test_fault_effects import _last
     from tests.test_trainer_e2e import tiny
-    from trainer.launch import start_local_run
 
     sim = tmp_path / "sim"
     sim.mkdir(mode=0o700)
@@ -49,8 +49,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _verdict_after(job, started: float):
-    from playbooks.blame_collectives import blame
-    from trainer.flight import gather
+    from gridwatch.playbooks.blame_collectives import blame
+    from gridwatch.trainer.flight import gather
 
     sockets = {n: job.socket_path(n) for n in NODES}
     found = []
@@ -67,7 +67,7 @@ def _verdict_after(job, started: float):
 
 
 def _worker_pid(job, node: str) -> int:
-    from trainer.control import read_status
+    from gridwatch.wire.control import read_status
 
     return int(asyncio.run(read_status(job.socket_path(node))).pid or 0)
 

@@ -1,6 +1,6 @@
 """Blame from collective records: the rank that never entered, the one stuck inside, the one that does not answer.
 
-Records are built as the trainer's flight recorder writes them (trainer.flight),
+Records are built as the trainer's flight recorder writes them (gridwatch.trainer.flight),
 not read from a job: the end-to-end tests (tests/test_blame_e2e.py) take them
 from real ranks.
 """
@@ -13,9 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.blame_collectives import BlameReason, blame
-from trainer.control import (
-    MAX_DUMP_ENTRIES, CollectiveEntry, CollectiveRecord, CollectiveState, ProcessGroupInfo, read_collectives,
+from gridwatch.playbooks.blame_collectives import BlameReason, blame
+from gridwatch.wire.control import (
+    MAX_DUMP_ENTRIES,
+    CollectiveEntry,
+    CollectiveRecord,
+    CollectiveState,
+    ProcessGroupInfo,
+    read_collectives,
     read_stacks,
 )
 
@@ -118,9 +123,9 @@ def test_the_newest_group_with_a_hang_is_judged_and_a_node_outside_it_is_not_bla
 
 
 def test_the_control_socket_dumps_the_record_while_the_loop_is_stuck_in_a_collective(tmp_path: Path) -> None:
-    from agents.protocol import TrainerStatus
-    from trainer.control_server import ControlServer
-    from trainer.flight import FlightRecorder
+    from gridwatch.trainer.control_server import ControlServer
+    from gridwatch.trainer.flight import FlightRecorder
+    from gridwatch.wire.protocol import TrainerStatus
 
     flight = FlightRecorder("node-1")
     flight.join("gen1", 1, 0, ["node-1", "node-2"])
@@ -151,13 +156,14 @@ async def test_a_scene_captured_beside_a_trainer_keeps_its_collectives_record(tm
     import json
     import os
 
-    from agents import protocol as p
-    from agents.agent import Agent, Caller
-    from agents.config import AgentConfig
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.agent import Agent
+    from gridwatch.agent.config import AgentConfig
+    from gridwatch.agent.trainer_link import TrainerLink
+    from gridwatch.sshlink.server import Caller
+    from gridwatch.trainer.control_server import ControlServer
+    from gridwatch.trainer.flight import FlightRecorder
+    from gridwatch.wire import protocol as p
     from tests.conftest import wait_until
-    from trainer.control_server import ControlServer
-    from trainer.flight import FlightRecorder
 
     flight = FlightRecorder("node-1")
     flight.join("gen1", 1, 0, ["node-1", "node-2"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import unicodedata
 
-from agents.protocol import clean_text
+from gridwatch.wire.protocol import clean_text
 
 
 def test_every_unicode_format_character_is_dropped() -> None:

@@ -10,12 +10,12 @@ import sys
 import asyncssh
 import pytest
 
-from console.cli import build_parser
+from gridwatch.console.cli import build_parser
 from tests.conftest import ROOT, start_agent, stop_agent
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console", *args], cwd=ROOT, capture_output=True, text=True, input=input, timeout=60)
+    return subprocess.run([sys.executable, "-m", "gridwatch", *args], cwd=ROOT, capture_output=True, text=True, input=input, timeout=60)
 
 
 def _all_commands(parser, prefix=()):
@@ -70,7 +70,7 @@ async def test_keys_trust_pins_a_nodes_own_host_key(keys, tmp_path):
     try:
         known = tmp_path / "known"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "console", "keys", "trust", ra.spec, "--known-hosts", str(known), "--yes",
+            sys.executable, "-m", "gridwatch", "keys", "trust", ra.spec, "--known-hosts", str(known), "--yes",
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()
@@ -87,7 +87,7 @@ async def test_tail_streams_json_and_records_a_trace(keys, tmp_path):
     trace = tmp_path / "trace.jsonl"
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "console", "tail", "--nodes", ra.spec, "--key", str(keys.viewer_key),
+            sys.executable, "-m", "gridwatch", "tail", "--nodes", ra.spec, "--key", str(keys.viewer_key),
             "--known-hosts", str(keys.known_hosts), "--json", "--record", str(trace), "--duration", "3",
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -107,7 +107,7 @@ def test_tail_with_a_missing_key_file_says_so(tmp_path):
 
 
 def test_agent_settings_come_from_toml_and_flags_win(tmp_path):
-    from agents.config import load
+    from gridwatch.agent.config import load
 
     cfg_file = tmp_path / "agent.toml"
     cfg_file.write_text('[agent]\nnode-name = "gpu017"\ninterval = 2.5\nlog = ["/var/log/a.log", "/var/log/b.log"]\nsimulate_gpus = 8\n')
@@ -129,12 +129,12 @@ def test_train_whose_run_fails_exits_1_not_the_nodes_code(tmp_path):
     """A node that dies mid-run: the command reports the failure as 1, whatever torchrun exited with."""
     import psutil
 
+    from gridwatch.trainer.launch import last_metric_step
     from tests.conftest import wait_until_sync
-    from trainer.launch import last_metric_step
 
     run_dir = tmp_path / "run"
     train = subprocess.Popen(
-        [sys.executable, "-m", "console", "train", "--nodes", "1", "--steps", "100000", "--run-dir", str(run_dir),
+        [sys.executable, "-m", "gridwatch", "train", "--nodes", "1", "--steps", "100000", "--run-dir", str(run_dir),
          "--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--micro-batch", "4", "--tiers", "2,4,8"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -154,7 +154,7 @@ def test_train_whose_run_fails_exits_1_not_the_nodes_code(tmp_path):
 
 def test_the_fault_cli_offers_exactly_the_agents_fault_kinds() -> None:
     # The CLI lists them itself so `--help` needs no agent import; they must not drift apart.
-    from agents.actions import FAULT_KINDS as AGENT_KINDS
-    from console.cli.demo import FAULT_KINDS as CLI_KINDS
+    from gridwatch.agent.actions import FAULT_KINDS as AGENT_KINDS
+    from gridwatch.console.cli.demo import FAULT_KINDS as CLI_KINDS
 
     assert sorted(CLI_KINDS) == sorted(AGENT_KINDS)

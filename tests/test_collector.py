@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from console.runtime.collector import CollectorBaseline
+from gridwatch.console.runtime.collector import CollectorBaseline
 
 
 class _Clock:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.config import ConfigError, cadence_line, parse_cluster, parse_summary_every, summary_cadence
-from console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.config import ConfigError, cadence_line, parse_cluster, parse_summary_every, summary_cadence
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.test_runtime_config import cluster_toml, gridwatch  # one way to run the CLI on a cluster.toml
 
 
@@ -67,7 +66,7 @@ def test_the_console_says_its_cadence_once_and_refuses_a_bad_one_with_exit_2(key
 
 
 def test_the_demo_takes_the_same_setting_and_refuses_a_bad_one() -> None:
-    from console.cli import build_parser
+    from gridwatch.console.cli import build_parser
 
     args = build_parser().parse_args(["demo", "--summary-every", "2.5"])
     assert args.summary_every == 2.5
@@ -79,9 +78,9 @@ def test_the_demo_takes_the_same_setting_and_refuses_a_bad_one() -> None:
 def test_a_fleet_on_slow_summaries_is_redrawn_at_half_their_cadence_a_small_one_every_tick() -> None:
     from types import SimpleNamespace
 
-    from console.fleet.state import StateStore
-    from console.runtime.core import ConsoleRuntime
-    from console.tui.app import GridwatchApp
+    from gridwatch.console.fleet.state import StateStore
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.tui.app import GridwatchApp
 
     runtime = ConsoleRuntime(StateStore())
     app = GridwatchApp(runtime, tick_seconds=1.0, start_runtime=False)

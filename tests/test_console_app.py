@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from textual import events
 
-from agents.protocol import ActionResult, Event, LogLine, Text
-from console.tui.app import GridwatchApp
-from console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
-from console.tui.screens import (
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import (
     CommandLine,
     ConfirmScreen,
     FleetScreen,
@@ -21,8 +21,8 @@ from console.tui.screens import (
     NodeScreen,
     TrainingScreen,
 )
-from console.fleet.state import ManualClock, StateStore
-from console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.wire.protocol import ActionResult, Event, LogLine, Text
 from tests.test_state import T0, fill_fleet, make_hello, make_sample, make_trainer
 
 SIZE = (160, 50)
@@ -169,7 +169,7 @@ async def test_keys_typed_straight_after_colon_reach_the_command_line_in_order()
 
 
 def test_one_command_table_drives_the_line_the_keys_screen_and_the_palette() -> None:
-    from console.tui.screens.command_line import COMMANDS, Verb, parse_command
+    from gridwatch.console.tui.screens.command_line import COMMANDS, Verb, parse_command
 
     assert [(c.verb, rest) for c, rest in [parse_command(t) for t in ("node", "node node02", "no", "lo", "pf n[1-2]")]] \
         == [(Verb.NODES, ""), (Verb.NODE, "node02"), (Verb.NODES, ""), (Verb.LOGS, ""), (Verb.PREFLIGHT, "n[1-2]")]
@@ -193,7 +193,7 @@ async def test_question_mark_lists_the_keys_of_the_view() -> None:
 async def test_the_help_says_the_summaries_cadence_and_lists_no_takeover_without_etcd() -> None:
     from types import SimpleNamespace
 
-    from console.tui.screens.command_line import usage_line
+    from gridwatch.console.tui.screens.command_line import usage_line
 
     app = make_app()
     links = {f"10.0.{i // 250}.{i % 250}:8022": None for i in range(2_500)}
@@ -298,9 +298,9 @@ async def test_a_silence_takes_the_playbooks_duration_grammar() -> None:
 
 @pytest.mark.parametrize("scheduler", ["none", "slurm"])
 async def test_isolate_and_unisolate_from_the_node_view_say_what_happens_and_are_audited(tmp_path, scheduler) -> None:
-    from console.runtime.core import StoreIncidents
-    from playbooks.executor import Executor
-    from playbooks.store import IncidentStore
+    from gridwatch.console.runtime.core import StoreIncidents
+    from gridwatch.playbooks.executor import Executor
+    from gridwatch.playbooks.store import IncidentStore
 
     store = StateStore(ManualClock(T0))
     fill_fleet(store, ["node01", "node02"])
@@ -432,7 +432,7 @@ async def test_training_view_says_when_no_trainer_is_attached() -> None:
 
 
 async def test_hostile_node_text_is_shown_literally_and_never_reaches_the_terminal_as_escapes() -> None:
-    from agents.protocol import decode_agent_frame, encode
+    from gridwatch.wire.protocol import decode_agent_frame, encode
 
     evil_name = EVIL + "\x1b]52;c;aGk=\x07"
     app = make_app([])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from console.tui.app import GridwatchApp
-from console.fleet.client import Fleet, FleetOptions
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.core import ConsoleRuntime
-from console.tui.screens import FleetScreen, KeysScreen, NodeScreen
-from console.fleet.state import StateStore
-from console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.console.fleet.state import StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import FleetScreen, KeysScreen, NodeScreen
+from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import start_agent, stop_agent
 from tests.test_console_app import SIZE, make_app, screen_text, shown, wait_for
 from tests.test_state_checks import patrol_failed, patrol_recovered

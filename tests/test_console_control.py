@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.control import ControlError, ControlServer, socket_for
-from console.runtime.core import ConsoleRuntime, RuntimeOptions, build_runtime
+from gridwatch.console.cli import main
+from gridwatch.console.runtime.control import ControlError, ControlServer, socket_for
+from gridwatch.console.runtime.core import ConsoleRuntime, RuntimeOptions, build_runtime
+from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import PYTHON, ROOT, RunningAgent, start_agent, stop_agent, wait_until
 
 REASON = "GPU 0 reseated, burn-in passed (ticket OPS-4411)"
@@ -234,7 +234,7 @@ async def test_a_second_console_on_the_same_socket_is_refused_and_a_stale_one_is
 
 def test_every_node_command_has_help() -> None:
     for argv in (["node", "--help"], ["node", "return", "--help"], ["node", "isolate", "--help"]):
-        done = subprocess.run([PYTHON, "-m", "console", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = subprocess.run([PYTHON, "-m", "gridwatch", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "return" in done.stdout and "exit: 0 done" in done.stdout, done.stderr
-    done = subprocess.run([PYTHON, "-m", "console", "node"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([PYTHON, "-m", "gridwatch", "node"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.protocol import Event, Text
-from console.tui.app import GridwatchApp
-from console.fleet.hostlist import Endpoint
-from console.runtime.core import ConsoleRuntime, StoreIncidents
-from console.tui.screens import ConfirmScreen, IncidentsScreen
-from console.fleet.state import ManualClock, StateStore
-from console.tui.widgets import TextTable
-from playbooks.engine import Engine
-from playbooks.loader import load_builtin
-from playbooks.store import IncidentStore
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime, StoreIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import ConfirmScreen, IncidentsScreen
+from gridwatch.console.tui.widgets import TextTable
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.store import IncidentStore
+from gridwatch.sshlink.hostlist import Endpoint
+from gridwatch.wire.protocol import Event, Text
 from tests.test_console_app import screen_text, shown, wait_for
 from tests.test_state import T0, make_hello, make_sample
 
@@ -68,7 +68,7 @@ async def test_an_xid_becomes_an_incident_that_survives_a_restart_and_is_acknowl
 
 
 def test_the_executor_probe_reads_heartbeat_isolation_and_checkpoints_from_the_store() -> None:
-    from console.runtime.core import StoreProbe
+    from gridwatch.console.runtime.core import StoreProbe
     from tests.test_state import make_trainer
 
     clock = ManualClock(T0)

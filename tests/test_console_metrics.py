@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import socket
+import sqlite3
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from console.runtime.config import ConfigError, parse_cluster
-from console.runtime.core import RuntimeOptions, build_runtime
-from console.runtime.metrics import serve_metrics
+from gridwatch.console.runtime.config import ConfigError, parse_cluster
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.metrics import serve_metrics
 from tests.conftest import wait_until, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
 from tests.test_prometheus_dashboard import _LABEL_VALUES, _regex_escape, substitute
@@ -170,8 +170,8 @@ def test_promtool_finds_nothing_wrong_with_the_console_metrics() -> None:
     import shutil
     import subprocess
 
-    from agents.protocol import ActionResult, Text
-    from console.runtime.metrics import ConsoleMetrics
+    from gridwatch.console.runtime.metrics import ConsoleMetrics
+    from gridwatch.wire.protocol import ActionResult, Text
     from tests.test_goodput_view import trained_runtime
 
     if shutil.which("promtool") is None:

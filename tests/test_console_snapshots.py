@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from agents.protocol import Event, LogLine, Text
-from console.tui.app import GridwatchApp
-from console.fleet.state import CheckVerdict, PreflightResult
+from gridwatch.console.fleet.state import CheckVerdict, PreflightResult
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.wire.protocol import Event, LogLine, Text
 from tests.test_console_app import make_app, shown, wait_for
-from tests.test_state_checks import patrol_failed
 from tests.test_state import T0, make_sample, make_trainer
+from tests.test_state_checks import patrol_failed
 
 SIZE = (160, 50)
 
@@ -54,7 +54,7 @@ async def _view(pilot, name: str, screen_type: type) -> None:  # noqa: ANN001
 
 
 def test_fleet_view(snap_compare) -> None:
-    from console.tui.screens import FleetScreen
+    from gridwatch.console.tui.screens import FleetScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))
@@ -63,7 +63,7 @@ def test_fleet_view(snap_compare) -> None:
 
 
 def test_fleet_view_sorted_by_status_with_temperature_colours(snap_compare) -> None:
-    from console.tui.screens import FleetScreen
+    from gridwatch.console.tui.screens import FleetScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))
@@ -73,7 +73,7 @@ def test_fleet_view_sorted_by_status_with_temperature_colours(snap_compare) -> N
 
 
 def test_node_view(snap_compare) -> None:
-    from console.tui.screens import NodeScreen
+    from gridwatch.console.tui.screens import NodeScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         pilot.app.open_node("node021")
@@ -83,7 +83,7 @@ def test_node_view(snap_compare) -> None:
 
 
 def test_logs_view(snap_compare) -> None:
-    from console.tui.screens import LogsScreen
+    from gridwatch.console.tui.screens import LogsScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await _view(pilot, "logs", LogsScreen)
@@ -92,7 +92,7 @@ def test_logs_view(snap_compare) -> None:
 
 
 def test_training_view(snap_compare) -> None:
-    from console.tui.screens import TrainingScreen
+    from gridwatch.console.tui.screens import TrainingScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await _view(pilot, "training", TrainingScreen)
@@ -101,8 +101,8 @@ def test_training_view(snap_compare) -> None:
 
 
 def test_incidents_view(snap_compare) -> None:
-    from console.runtime.core import IncidentRow
-    from console.tui.screens import IncidentsScreen
+    from gridwatch.console.runtime.core import IncidentRow
+    from gridwatch.console.tui.screens import IncidentsScreen
 
     app = fleet_app()
     incidents = app.runtime.incidents
@@ -119,7 +119,7 @@ def test_incidents_view(snap_compare) -> None:
 
 
 def test_keys_help(snap_compare) -> None:
-    from console.tui.screens import FleetScreen, KeysScreen
+    from gridwatch.console.tui.screens import FleetScreen, KeysScreen
 
     async def ready(pilot) -> None:  # noqa: ANN001
         await wait_for(pilot, lambda: shown(pilot.app, FleetScreen))

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from console.tui.app import GridwatchApp
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.core import RuntimeOptions, build_runtime
-from console.tui.screens import FleetScreen, NodeScreen
-from console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import FleetScreen, NodeScreen
+from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import ROOT, start_agent, stop_agent, wait_until
 from tests.test_console_app import shown
 
@@ -81,7 +81,7 @@ async def console_in_tmux(keys, tmp_path, names: list[str]) -> AsyncIterator[str
     session = f"gw-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
     command = " ".join([
-        sys.executable, "-m", "console", "console",
+        sys.executable, "-m", "gridwatch", "console",
         "--nodes", ",".join(a.spec for a in agents),
         "--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts),
         "--db", str(tmp_path / "incidents.db"),
@@ -149,7 +149,7 @@ async def test_headless_console_reports_nodes_and_stops(keys, tmp_path) -> None:
     try:
         with open(out, "wb") as sink:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "console", "console", "--headless", "--duration", "30",
+                [sys.executable, "-m", "gridwatch", "console", "--headless", "--duration", "30",
                  "--nodes", agent.spec, "--key", str(keys.viewer_key), "--known-hosts", str(keys.known_hosts),
                  "--db", str(tmp_path / "incidents.db")],
                 cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
@@ -169,7 +169,7 @@ async def test_headless_console_reports_nodes_and_stops(keys, tmp_path) -> None:
 def test_bad_node_set_is_one_clear_line_and_exit_2(tmp_path) -> None:
     key = tmp_path / "k"
     key.write_text("x")
-    done = subprocess.run([sys.executable, "-m", "console", "console", "--nodes", "node[1-", "--key", str(key),
+    done = subprocess.run([sys.executable, "-m", "gridwatch", "console", "--nodes", "node[1-", "--key", str(key),
                            "--known-hosts", str(key)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "unbalanced" in done.stderr and "Traceback" not in done.stderr

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.metrics import GPU_LABELS, MetricsExporter
-from agents.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample, Text
-from agents.sources.nvml import NvmlSource, open_gpu_source
-from agents.sources.simulated import SimulatedGpus
+from gridwatch.agent.metrics import GPU_LABELS, MetricsExporter
+from gridwatch.agent.sources.nvml import NvmlSource, open_gpu_source
+from gridwatch.agent.sources.simulated import SimulatedGpus
+from gridwatch.wire.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample, Text
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 
@@ -117,8 +117,8 @@ def test_profiling_fields_are_absent_where_gpm_is_not_supported(monkeypatch: pyt
 
 def test_per_link_nvlink_rates_stay_on_metrics_and_out_of_the_frames() -> None:
     # 18 links x 2 per GPU would be 40 % of a sample that no view reads; /metrics keeps them.
-    from agents import protocol as p
-    from agents.agent import _for_the_wire
+    from gridwatch.agent.agent import _for_the_wire
+    from gridwatch.wire import protocol as p
 
     gpu = p.GpuSample(index=0, util=50.0, nvlink_link_tx_bps=[1.0] * 18, nvlink_link_rx_bps=[2.0] * 18)
     sent = _for_the_wire(gpu)

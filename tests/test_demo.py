@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.demo.chaos import Chaos, FaultSpec
-from console.demo.progress import StepPoint, TrainingWatch
-from console.demo.summary import FaultRecord, IncidentFacts, goodput, paced_goodput, steps_lost, summarize
+from gridwatch.console.demo.chaos import Chaos, FaultSpec
+from gridwatch.console.demo.progress import StepPoint, TrainingWatch
+from gridwatch.console.demo.summary import FaultRecord, IncidentFacts, goodput, paced_goodput, steps_lost, summarize
 from tests.conftest import wait_until, wait_until_sync
 
 PY = sys.executable
@@ -124,7 +124,7 @@ async def test_chaos_only_picks_nodes_still_in_service() -> None:
 
 
 def _gridwatch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([PY, "-m", "gridwatch", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_fault_without_a_demo_says_so_in_one_line(tmp_path: Path) -> None:
@@ -141,8 +141,8 @@ def test_fault_xid_needs_a_code() -> None:
 async def test_demo_without_trainer_takes_faults_by_node_name_and_leaves_no_process(tmp_path: Path) -> None:
     import asyncio
 
-    from console.demo.cluster import ClusterOptions
-    from console.demo.session import DemoOptions, DemoSession
+    from gridwatch.console.demo.cluster import ClusterOptions
+    from gridwatch.console.demo.session import DemoOptions, DemoSession
 
     lines: list[str] = []
     session = DemoSession(DemoOptions(cluster=ClusterOptions(nodes=2, gpus=1, interval=0.5, trainer=False),
@@ -176,10 +176,10 @@ async def test_demo_without_trainer_takes_faults_by_node_name_and_leaves_no_proc
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_a_demo_killed_outright_takes_every_process_it_started_with_it(tmp_path: Path) -> None:
-    from console.demo.cluster import trainer_unavailable
+    from gridwatch.console.demo.cluster import trainer_unavailable
 
     demo_dir = tmp_path / "demo"
-    argv = [PY, "-m", "console", "demo", "--headless", "--duration", "600", "--nodes", "2", "--gpus", "1",
+    argv = [PY, "-m", "gridwatch", "demo", "--headless", "--duration", "600", "--nodes", "2", "--gpus", "1",
             "--interval", "0.5", "--dir", str(demo_dir)]
     with_trainer = trainer_unavailable() is None
     if with_trainer:
@@ -198,7 +198,7 @@ def test_a_demo_killed_outright_takes_every_process_it_started_with_it(tmp_path:
         def workers_up() -> bool:
             # Every node's worker serves its control socket once it trains.
             names = " ".join(_cmdline(p) for p in tree())
-            return names.count("trainer.worker") >= 4 and len(list((demo_dir / "run" / "control").glob("*.sock"))) == 2
+            return names.count("gridwatch.trainer.worker") >= 4 and len(list((demo_dir / "run" / "control").glob("*.sock"))) == 2
 
         if with_trainer:
             wait_until_sync(workers_up, 90, "two torchrun agents and their workers")
@@ -246,7 +246,7 @@ class _Fleet:
 
     async def action(self, node: str, action: str, args: dict | None = None, reason: str = "",
                      timeout: float = 30.0) -> object:
-        from agents.protocol import ActionResult
+        from gridwatch.wire.protocol import ActionResult
 
         self.sent.append(action)
         ok, message = self.answers.pop(0) if self.answers else (True, "done")
@@ -254,7 +254,7 @@ class _Fleet:
 
 
 async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failures_stand() -> None:
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.core import ConsoleRuntime
 
     absent = (False, "trainer control socket /x.sock: no trainer is listening at /x.sock")
     fleet = _Fleet([absent, absent, (True, "restart_from accepted")])
@@ -272,7 +272,7 @@ async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failure
 
 
 async def test_a_watch_only_runtime_sends_no_step_that_acts() -> None:
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.core import ConsoleRuntime
 
     fleet = _Fleet([])
     runtime = ConsoleRuntime(fleet=fleet, acting=False)
@@ -282,8 +282,8 @@ async def test_a_watch_only_runtime_sends_no_step_that_acts() -> None:
 
 
 async def test_chaos_repair_puts_the_node_back_and_its_next_fault_is_a_new_incident(tmp_path: Path) -> None:
-    from console.demo.cluster import ClusterOptions
-    from console.demo.session import DemoOptions, DemoSession
+    from gridwatch.console.demo.cluster import ClusterOptions
+    from gridwatch.console.demo.session import DemoOptions, DemoSession
 
     # chaos_every long enough never to fire by itself: only the repairs of the faults below run.
     session = DemoSession(DemoOptions(cluster=ClusterOptions(nodes=2, gpus=1, interval=0.5, trainer=False),

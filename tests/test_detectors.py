@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.detectors import detect
+from gridwatch.agent.detectors import detect
 
 
 def test_xid_line_becomes_an_event_with_code_and_pci_id() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.detectors import detect, kernel
-from agents.protocol import EVENT_KINDS
+from gridwatch.agent.detectors import detect, kernel
+from gridwatch.wire.protocol import EVENT_KINDS
 
 CORPUS = Path(__file__).parent / "data" / "logcorpus"
 

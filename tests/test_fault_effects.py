@@ -16,11 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from agents.detectors import detect
-from agents.simdevices import (
-    SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, kernel_log_path, read_state, state_path, write_state,
+from gridwatch.agent.detectors import detect
+from gridwatch.console.demo.cluster import trainer_unavailable
+from gridwatch.wire.simdevices import (
+    SIM_DEVICES_ENV,
+    DeviceFault,
+    DeviceState,
+    FaultRecord,
+    kernel_log_path,
+    read_state,
+    state_path,
+    write_state,
 )
-from console.demo.cluster import trainer_unavailable
 from tests.conftest import wait_until, wait_until_sync
 
 NODES = ["node-1", "node-2"]
@@ -63,8 +70,8 @@ def test_a_missing_garbled_foreign_or_open_file_reads_healthy(sim: Path) -> None
 
 
 async def test_inject_fault_tells_the_trainer_and_writes_the_drivers_kernel_lines(sim: Path, agent, keys) -> None:
-    from console.fleet.client import Fleet, FleetOptions
-    from console.fleet.hostlist import parse_endpoints
+    from gridwatch.sshlink.client import Fleet, FleetOptions
+    from gridwatch.sshlink.hostlist import parse_endpoints
 
     fleet = Fleet(parse_endpoints(agent.spec), FleetOptions(key_path=str(keys.operator_key),
                                                            known_hosts=str(keys.known_hosts)))
@@ -90,7 +97,7 @@ async def test_inject_fault_tells_the_trainer_and_writes_the_drivers_kernel_line
 
 
 def test_a_throttled_gpu_makes_the_steps_slower() -> None:
-    from trainer.simdevice import THERMAL_SLOWDOWN, SimDevice
+    from gridwatch.trainer.simdevice import THERMAL_SLOWDOWN, SimDevice
 
     slept: list[float] = []
     hook = SimDevice.__new__(SimDevice)
@@ -122,8 +129,8 @@ def _last(run) -> dict:
 
 
 def _start(tmp_path: Path, deadline: float):
+    from gridwatch.trainer.launch import start_local_run
     from tests.test_trainer_e2e import tiny
-    from trainer.launch import start_local_run
 
     cfg = tiny(tmp_path / "run", steps=100_000, tier0_every=3, tier1_every=1000, tier2_every=1000,
                progress_deadline_s=deadline)
@@ -180,7 +187,7 @@ def test_crash_ecc_and_lost_gpu_hurt_the_job_as_real_ones_do(tmp_path: Path, sim
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(trainer_unavailable() is not None, reason="the trainer is not in this build")
 def test_flap_hang_and_a_lost_gpu_that_is_told_to_leave(tmp_path: Path, sim: Path) -> None:
-    from trainer.control import request
+    from gridwatch.wire.control import request
 
     timeout = 8.0
     run = _start(tmp_path, timeout)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from agents import protocol as p
-from console.fleet.state import ManualClock, Metric, StateStore
-from console.runtime.core import ConsoleRuntime, MemoryIncidents
-from console.tui.app import GridwatchApp
-from console.tui.widgets import GpuHeatmap, TextTable
-from console.tui.widgets.heatmap import group_runs
+from gridwatch.console.fleet.state import ManualClock, Metric, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
+from gridwatch.console.tui.widgets.heatmap import group_runs
+from gridwatch.wire import protocol as p
 
 NODES = 3000
 HOT = "rack090-node17"  # far down the fleet: page 1 never shows it

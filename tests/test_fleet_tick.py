@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-from agents.protocol import Event, Text
-from console.fleet.state import (
+from gridwatch.console.fleet.state import (
     FILTER_EVERY_S,
     VALUE_ORDER_EVERY_S,
     CheckVerdict,
@@ -16,8 +15,9 @@ from console.fleet.state import (
     StateStore,
     _sort_value,
 )
-from console.runtime.core import ConsoleRuntime, MemoryIncidents
-from console.tui.app import GridwatchApp
+from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.wire.protocol import Event, Text
 from tests.test_state import T0, fill_fleet, make_hello, make_sample
 
 NAMES = [f"node{i:02d}" for i in range(1, 9)]

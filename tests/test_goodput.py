@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from agents.protocol import Text, TrainerStatus
-from console.fleet.goodput import (LOSSES, STALE_S, GoodputTracker, IncidentSpan, JobPhase, Piece, TimeUse,
-                                   reliability)
-from playbooks.clock import ManualClock
+from gridwatch.console.fleet.goodput import LOSSES, STALE_S, GoodputTracker, IncidentSpan, JobPhase, Piece, TimeUse, reliability
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.wire.protocol import Text, TrainerStatus
 
 GPUS = 8
 T0 = 1_700_000_000.0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from agents.protocol import Text, TrainerStatus
-from console.fleet.goodput import TimeUse
-from console.fleet.state import ManualClock, StateStore
-from console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
-from console.tui.app import GridwatchApp
-from console.tui.screens import FleetScreen, TrainingScreen
-from console.tui.screens.training import BAR_WIDTH, bar_cells
+from gridwatch.console.fleet.goodput import TimeUse
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import FleetScreen, TrainingScreen
+from gridwatch.console.tui.screens.training import BAR_WIDTH, bar_cells
+from gridwatch.wire.protocol import Text, TrainerStatus
 from tests.test_console_app import EVIL, SIZE, screen_text, shown, wait_for
 from tests.test_state import T0, make_hello, make_sample
 
@@ -80,7 +80,7 @@ async def test_the_training_view_shows_where_the_time_went_as_a_bar_and_names_ea
 def test_the_demo_summary_json_carries_the_breakdown_each_incidents_cost_and_mttd_mttr_mtbf() -> None:
     import msgspec
 
-    from console.demo.summary import IncidentFacts, render, summarize, with_goodput
+    from gridwatch.console.demo.summary import IncidentFacts, render, summarize, with_goodput
 
     runtime = trained_runtime()
     facts = [IncidentFacts(id="inc-1", node="node01", kind="hang", playbook="trainer-unresponsive",

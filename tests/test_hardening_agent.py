@@ -15,11 +15,12 @@ import psutil
 import pytest
 from loguru import logger
 
-from agents import protocol as p
-from agents.agent import Agent, Caller
-from agents.config import AgentConfig
-from agents.ratelimit import KeyedBuckets, TokenBucket
-from console.fleet.client import LinkState
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.sshlink.client import LinkState
+from gridwatch.sshlink.ratelimit import KeyedBuckets, TokenBucket
+from gridwatch.sshlink.server import Caller
+from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until, wait_until_async
 from tests.test_stream import make_fleet, of_type
 
@@ -126,7 +127,7 @@ async def test_a_catastrophic_search_neither_freezes_the_agent_nor_outlives_sigt
 
             # SIGTERM while a search worker runs: the agent stops and takes its worker along.
             proc.stdin.write(_search("a*a*a*$", "slow2"))
-            workers = await wait_until(lambda: _children(agent.pid, "agents.logsearch"), what="a search worker")
+            workers = await wait_until(lambda: _children(agent.pid, "gridwatch.agent.logsearch"), what="a search worker")
             agent.send_signal(signal.SIGTERM)
             await wait_until(lambda: agent.poll() is not None, timeout=10, what="the agent to stop on SIGTERM")
             await wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers), what="the worker gone")
@@ -170,7 +171,7 @@ async def test_a_viewer_gets_capped_preflight_and_no_all_reduce(keys, tmp_path: 
         comm = {"master_addr": "203.0.113.9", "master_port": 1, "rank": 0, "world": 2, "size_bytes": 1 << 33, "timeout_s": 1e6}
         res = await fleet.action("node-1", "preflight", {"checks": ["comm"], "comm": comm})
         assert not res.ok and "needs the operator role; this key is a viewer" in res.message
-        assert not _children(os.getpid(), "trainer.allreduce")
+        assert not _children(os.getpid(), "gridwatch.trainer.allreduce")
         res = await fleet.action("node-1", "preflight", {"checks": ["storage"], "write_test_mb": 1e6, "net_sample_s": 1e6}, timeout=30)
         assert res.ok, res.message
         assert res.data["storage"]["paths"][str(ckpt)]["write_test_mb"] == 16.0
@@ -196,7 +197,7 @@ async def test_an_operator_all_reduce_is_bounded_exclusive_and_dies_with_its_ses
             # Rank 1 of 2 waits for a master nobody runs: the child hangs until something kills it.
             comm = {"master_addr": "127.0.0.1", "master_port": free_port(), "rank": 1, "world": 2, "timeout_s": 120.0}
             proc.stdin.write(_action("preflight", "long", checks=["comm"], comm=comm))
-            children = await wait_until(lambda: _children(os.getpid(), "trainer.allreduce"), what="the all-reduce child")
+            children = await wait_until(lambda: _children(os.getpid(), "gridwatch.trainer.allreduce"), what="the all-reduce child")
             proc.stdin.write(_action("preflight", "second", checks=["network"]))
             res = await _read_until(proc, lambda f: isinstance(f, p.ActionResult))
             assert res.id == "second" and not res.ok and res.message.startswith("busy: pre-flight long is running")
@@ -223,7 +224,7 @@ async def test_capture_scene_stays_in_a_private_scene_dir_whatever_the_id(tmp_pa
         assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in where.iterdir())
     assert sorted(x.name for x in tmp_path.iterdir()) == ["scenes"]
     assert stat.S_IMODE(scenes.stat().st_mode) == 0o700
-    from agents.actions import scene_path
+    from gridwatch.agent.actions import scene_path
 
     with pytest.raises(ValueError):
         scene_path(str(scenes), "x", "y", "../../stamp")  # the last check holds whatever built the name
@@ -271,7 +272,7 @@ async def test_a_flood_of_actions_is_refused_per_key_and_the_ring_keeps_its_hist
 
 
 async def test_pending_actions_per_session_are_bounded(keys) -> None:
-    from agents.agent import MAX_PENDING
+    from gridwatch.agent.agent import MAX_PENDING
 
     ra = await start_agent(keys, action_burst=1000)
     release = asyncio.Event()
@@ -306,7 +307,7 @@ async def test_an_action_that_changes_nothing_raises_no_event(keys) -> None:
 
 @pytest.mark.slow
 async def test_a_console_that_stops_reading_is_told_and_closed_never_silently_dropped(keys, tmp_path: Path) -> None:
-    from agents.logs import LogTailer
+    from gridwatch.agent.logs import LogTailer
 
     log = tmp_path / "flood.log"
     log.write_text("")
@@ -496,7 +497,7 @@ async def test_connections_that_never_authenticate_are_capped_and_timed_out(keys
     ],
 )
 def test_search_patterns_that_can_backtrack_without_bound_are_refused(pattern: str, why: str) -> None:
-    from agents.logsearch import SearchRefused, vet_pattern
+    from gridwatch.agent.logsearch import SearchRefused, vet_pattern
 
     with pytest.raises(SearchRefused, match=why):
         vet_pattern(pattern)

@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import stat
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,23 +17,24 @@ import asyncssh
 import msgspec
 import pytest
 
-from agents import protocol as p
-from agents.agent import MAX_REPLY_BYTES, Agent, Caller
-from agents.config import AgentConfig
-from agents.logs import LogTailer
-from agents.protocol import Event, Hello, Sample, Text, TrainerStatus
-from agents.trainer_link import TrainerLink
-from console.fleet.client import Fleet, FleetOptions, LinkState, hello_name_refusal
-from console.fleet.hostlist import Endpoint
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
+from gridwatch.agent.agent import MAX_REPLY_BYTES, Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.agent.logs import LogTailer
+from gridwatch.agent.trainer_link import TrainerLink
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState, hello_name_refusal
+from gridwatch.sshlink.hostlist import Endpoint
+from gridwatch.sshlink.server import Caller
+from gridwatch.trainer.checkpoint import write_checkpoint
+from gridwatch.trainer.config import CONFIG_NAME, ConfigRefused, TrainConfig, read_config, release_tier0
+from gridwatch.trainer.launch import LaunchError, prepare
+from gridwatch.wire import protocol as p
+from gridwatch.wire.control import ControlReply, TrainerUnavailable, encode_reply, read_status
+from gridwatch.wire.protocol import Event, Hello, Sample, Text, TrainerStatus
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
 from tests.test_hardening_trainer import NOBODY, _finished, _manifest, _state, as_nobody, as_root
 from tests.test_stream import make_fleet
-from trainer.checkpoint import write_checkpoint
-from trainer.config import CONFIG_NAME, ConfigRefused, TrainConfig, read_config, release_tier0
-from trainer.control import ControlReply, TrainerUnavailable, encode_reply, read_status
-from trainer.launch import LaunchError, prepare
 
 VIEWER = Caller(username="v", role="viewer", key="SHA256:viewer")
 
@@ -260,7 +260,7 @@ def _job(engine: Engine, clock: ManualClock, nodes: list[str], members: dict[str
 
 
 def test_one_agent_alone_cannot_get_a_healthy_node_blamed_as_a_straggler() -> None:
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(0.0)
     engine = Engine(load_builtin(), clock)
@@ -276,7 +276,7 @@ def test_one_agent_alone_cannot_get_a_healthy_node_blamed_as_a_straggler() -> No
 
 
 def test_nodes_never_blame_a_node_outside_their_own_job_and_the_job_still_can() -> None:
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(0.0)
     engine = Engine(load_builtin(), clock)
@@ -387,7 +387,7 @@ async def test_one_search_at_a_time_per_key_so_others_still_get_a_worker(keys, t
 
 
 def test_a_pattern_with_more_than_three_open_repetitions_is_refused() -> None:
-    from agents.logsearch import SearchRefused, vet_pattern
+    from gridwatch.agent.logsearch import SearchRefused, vet_pattern
 
     for pattern in (r"\s*" * 12 + "x", r"a+b+c+d+", r"\s{0,100}" * 4 + "x"):
         with pytest.raises(SearchRefused, match="at most 3 open repetitions"):
@@ -402,14 +402,14 @@ def test_a_pattern_with_more_than_three_open_repetitions_is_refused() -> None:
 def _console(keys: object, db: Path) -> tuple[int, str]:
     import subprocess
 
-    out = subprocess.run([PYTHON, "-m", "console", "console", "--headless", "--nodes", "127.0.0.1:1",
+    out = subprocess.run([PYTHON, "-m", "gridwatch", "console", "--headless", "--nodes", "127.0.0.1:1",
                           "--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts),  # type: ignore[attr-defined]
                           "--db", str(db), "--duration", "1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     return out.returncode, out.stderr
 
 
 def test_an_incident_database_behind_a_link_or_open_to_writers_is_refused(keys, tmp_path: Path) -> None:
-    from playbooks.store import IncidentStore, StoreError
+    from gridwatch.playbooks.store import IncidentStore, StoreError
 
     link = tmp_path / "incidents.db"
     elsewhere = tmp_path / "elsewhere.db"
@@ -429,7 +429,7 @@ def test_an_incident_database_behind_a_link_or_open_to_writers_is_refused(keys, 
 
 @as_root
 def test_an_incident_database_of_another_user_is_refused(keys, tmp_path: Path) -> None:
-    from playbooks.store import IncidentStore, StoreError
+    from gridwatch.playbooks.store import IncidentStore, StoreError
 
     db = tmp_path / "incidents.db"
     IncidentStore(db).close()

@@ -8,7 +8,6 @@ import os
 import sqlite3
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +21,12 @@ ESC = "\x1b"
 
 
 def run_cli(*args: str, umask: int | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "console", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([PYTHON, "-m", "gridwatch", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
 
 
 async def run_cli_async(*args: str, stdin: int | None = subprocess.DEVNULL) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(PYTHON, "-m", "console", *args, cwd=ROOT, stdin=stdin,
+    proc = await asyncio.create_subprocess_exec(PYTHON, "-m", "gridwatch", *args, cwd=ROOT, stdin=stdin,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
@@ -38,15 +37,15 @@ def _mode(path: Path) -> int:
 
 
 def _runtime(ra, keys, db: Path, **extra):
-    from console.fleet.hostlist import Endpoint
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.sshlink.hostlist import Endpoint
 
     return build_runtime(RuntimeOptions(endpoints=[Endpoint("127.0.0.1", ra.port)], key_path=str(keys.operator_key),
                                         known_hosts=str(keys.known_hosts), db_path=str(db), **extra))
 
 
 def _plan(node: str, steps: list[str], at: float = 1000.0, iid: str = "test-isolate:node-1:1000"):
-    from playbooks.plans import Incident, Plan, PlannedStep
+    from gridwatch.playbooks.plans import Incident, Plan, PlannedStep
 
     incident = Incident(id=iid, playbook=iid.split(":")[0], kind="xid", severity="critical", scope="node",
                         node=node, opened_at=at, last_seen_at=at, summary="xid 79 on node-1")
@@ -59,7 +58,7 @@ def _plan(node: str, steps: list[str], at: float = 1000.0, iid: str = "test-isol
 
 
 async def test_a_restarted_console_finishes_the_plan_it_left_once_its_links_are_up(keys, tmp_path):
-    from playbooks.store import IncidentStore
+    from gridwatch.playbooks.store import IncidentStore
 
     db = tmp_path / "incidents.db"
     store = IncidentStore(db)
@@ -84,7 +83,7 @@ async def test_a_restarted_console_finishes_the_plan_it_left_once_its_links_are_
 
 
 async def test_a_console_configured_read_only_resumes_nothing(keys, tmp_path):
-    from playbooks.store import IncidentStore
+    from gridwatch.playbooks.store import IncidentStore
 
     db = tmp_path / "incidents.db"
     store = IncidentStore(db)
@@ -109,7 +108,7 @@ async def test_a_console_configured_read_only_resumes_nothing(keys, tmp_path):
 
 
 def _frames(boot: str = "b00t1d") -> list:
-    from agents.protocol import Event, Hello, Sample, Text, TrainerStatus
+    from gridwatch.wire.protocol import Event, Hello, Sample, Text, TrainerStatus
 
     out = []
     for i, name in enumerate(("node-1", "node-2", "node-3", "node-4"), start=1):
@@ -122,9 +121,9 @@ def _frames(boot: str = "b00t1d") -> list:
 
 
 def _ids(clock_start: float, stall_after: int | None = None, boot: str = "b00t1d") -> list[str]:
-    from playbooks.clock import ManualClock
-    from playbooks.engine import Engine
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.clock import ManualClock
+    from gridwatch.playbooks.engine import Engine
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(clock_start)
     engine = Engine(load_builtin(), clock)
@@ -184,8 +183,8 @@ def _fill(directory: Path) -> Path:
 async def test_a_full_disk_under_the_incident_database_still_acts_tells_the_operator_and_writes_later(keys, tmp_path):
     from loguru import logger
 
-    from playbooks.engine import Engine
-    from playbooks.schema import check_text
+    from gridwatch.playbooks.engine import Engine
+    from gridwatch.playbooks.schema import check_text
 
     books, errors = check_text("name: bus\nseverity: critical\ntrigger: {event: xid, match: {code: [79]}}\n"
                                "plan: [isolate_node, notify]\n", "t.yaml")
@@ -239,7 +238,7 @@ async def test_a_full_disk_under_the_incident_database_still_acts_tells_the_oper
 
 
 def _seeded_db(path: Path) -> list[str]:
-    from playbooks.store import IncidentStore
+    from gridwatch.playbooks.store import IncidentStore
 
     store = IncidentStore(path)
     ids = []
@@ -252,8 +251,8 @@ def _seeded_db(path: Path) -> list[str]:
 
 
 def test_bad_rows_are_skipped_and_named_and_the_console_still_starts(keys, tmp_path):
-    from console.fleet.hostlist import Endpoint
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.sshlink.hostlist import Endpoint
 
     db = tmp_path / "incidents.db"
     good, bad_json, bad_type = _seeded_db(db)
@@ -298,7 +297,7 @@ def test_a_foreign_or_newer_database_is_one_line_and_exit_2(keys, tmp_path):
 
 
 def test_the_incident_database_is_private_even_under_umask_000(tmp_path):
-    from playbooks.store import IncidentStore
+    from gridwatch.playbooks.store import IncidentStore
 
     old = os.umask(0)
     try:
@@ -354,9 +353,9 @@ def test_keys_init_makes_no_shared_host_key_unless_asked(tmp_path):
 
 
 async def _own_key_agent(keys, host_key: Path, name: str):
-    from agents.agent import Agent
-    from agents.config import AgentConfig
-    from agents.server import serve
+    from gridwatch.agent.agent import Agent
+    from gridwatch.agent.config import AgentConfig
+    from gridwatch.agent.server import serve
 
     config = AgentConfig(node_name=name, listen="127.0.0.1:0", host_key=str(host_key),
                          authorized_viewers=str(keys.authorized_viewers),
@@ -395,7 +394,7 @@ async def test_each_agent_makes_its_own_host_key_and_keys_trust_pins_it(keys, tm
 
 
 async def test_keys_trust_says_loudly_when_a_host_key_changed_and_replaces_it_only_when_told(keys, tmp_path):
-    from agents.keys import known_hosts_entry
+    from gridwatch.sshlink.keys import known_hosts_entry
 
     a, acc, port = await _own_key_agent(keys, tmp_path / "n1" / "host_key", "node-1")
     try:
@@ -466,7 +465,7 @@ async def test_a_hostile_peers_disconnect_reason_reaches_no_terminal_raw(keys, t
 
 
 def test_the_demo_pointer_never_follows_a_planted_link_nor_reads_anothers(tmp_path, monkeypatch):
-    from console.demo import state as demo_state
+    from gridwatch.console.demo import state as demo_state
 
     runtime_dir = tmp_path / "run"
     runtime_dir.mkdir(mode=0o700)
@@ -493,7 +492,7 @@ def test_the_demo_pointer_never_follows_a_planted_link_nor_reads_anothers(tmp_pa
 
 
 def test_the_demo_pointer_folder_in_tmp_must_be_ours(tmp_path, monkeypatch):
-    from console.demo import state as demo_state
+    from gridwatch.console.demo import state as demo_state
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(demo_state.tempfile, "gettempdir", lambda: str(tmp_path))
@@ -504,8 +503,8 @@ def test_the_demo_pointer_folder_in_tmp_must_be_ours(tmp_path, monkeypatch):
 
 
 async def test_a_headless_console_prints_its_alert_on_stderr(capsys):
-    from console.runtime.core import ConsoleRuntime
-    from console.cli.ui import _headless
+    from gridwatch.console.cli.ui import _headless
+    from gridwatch.console.runtime.core import ConsoleRuntime
 
     runtime = ConsoleRuntime()
     runtime.set_alert("the incident database /x cannot be written (database or disk is full)")

@@ -23,15 +23,15 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from agents.protocol import Text, TrainerStatus
+from gridwatch.trainer.checkpoint import CheckpointInvalid, Manifest, list_checkpoints, load_tensors, validate, write_checkpoint
+from gridwatch.trainer.config import TrainConfig, tier0_base
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.trainer.launch import LaunchError, LocalRun, prepare
+from gridwatch.trainer.restore import local_candidates, restore_newest
+from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
+from gridwatch.wire.control import read_status, request
+from gridwatch.wire.protocol import Text, TrainerStatus
 from tests.conftest import ROOT
-from trainer.checkpoint import CheckpointInvalid, Manifest, list_checkpoints, load_tensors, validate, write_checkpoint
-from trainer.config import TrainConfig, tier0_base
-from trainer.control import read_status, request
-from trainer.control_server import ControlServer
-from trainer.launch import LaunchError, LocalRun, prepare
-from trainer.restore import local_candidates, restore_newest
-from trainer.tiers import SaveOutcome, TieredCheckpointer
 
 NOBODY = 65534
 MODEL = "m"
@@ -421,7 +421,7 @@ def _other_address() -> str | None:
 
 
 def test_the_store_listens_only_where_asked() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.store", "--host", "127.0.0.1", "--port", "0", "--no-coordinator"],
+    proc = subprocess.Popen([sys.executable, "-m", "gridwatch.trainer.store", "--host", "127.0.0.1", "--port", "0", "--no-coordinator"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None

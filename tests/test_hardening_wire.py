@@ -14,11 +14,11 @@ import msgspec
 import pytest
 from loguru import logger
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions, LinkState, explain
-from console.fleet.hostlist import Endpoint, parse_endpoints
-from console.tui.screens import FleetScreen, TrainingScreen
-from console.fleet.state import StateStore
+from gridwatch.console.fleet.state import StateStore
+from gridwatch.console.tui.screens import FleetScreen, TrainingScreen
+from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState, explain
+from gridwatch.sshlink.hostlist import Endpoint, parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until, wait_until_async
 from tests.hostile_peer import CSI_CLEAR, OSC_CLIPBOARD, OSC_TITLE, contains_escape, hostile_peer
 
@@ -209,8 +209,8 @@ async def test_the_console_counts_a_deep_frame_as_bad_and_the_session_goes_on(ke
 
 
 def test_replay_reports_a_deep_line_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from console.cli import main
-    from playbooks.trace import record_line
+    from gridwatch.console.cli import main
+    from gridwatch.playbooks.trace import record_line
 
     t0 = 1_000_000.0
     good = [p.Hello(node=p.Text("n1"), ts=t0), p.Sample(node=p.Text("n1"), seq=1, ts=t0 + 1)]
@@ -231,7 +231,7 @@ def test_replay_reports_a_deep_line_and_goes_on(tmp_path: Path, capsys: pytest.C
 
 
 async def test_a_disconnect_reason_full_of_escapes_is_never_logged_stored_or_shown_raw(keys) -> None:
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
 
     logged: list[str] = []
     sink = logger.add(lambda message: logged.append(str(message)), level="DEBUG")
@@ -282,7 +282,7 @@ def _hostile_publish(agent: Any, claim: str) -> None:
 
 
 async def test_an_agent_cannot_raise_an_xid_in_another_nodes_name(keys) -> None:
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
 
     healthy = await start_agent(keys, name="node-1")
     hostile = await start_agent(keys, name="node-2")

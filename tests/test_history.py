@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from agents.protocol import Event, GpuInfo, Hello, Text
-from console.cli import main
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.executor import Executor
-from playbooks.history import HistoryKind, lemon_raw, mean_time_between
-from playbooks.loader import load_builtin
-from playbooks.plans import Plan
-from playbooks.replay import replay
-from playbooks.schema import check_text
-from playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
+from gridwatch.console.cli import main
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.history import HistoryKind, lemon_raw, mean_time_between
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.plans import Plan
+from gridwatch.playbooks.replay import replay
+from gridwatch.playbooks.schema import check_text
+from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
+from gridwatch.wire.protocol import Event, GpuInfo, Hello, Text
 from tests.test_playbook_executor import FakeNotifier, FakeRunner, FakeSink
 
 DATA = Path(__file__).parent / "data" / "history"
@@ -235,7 +235,7 @@ def test_a_history_rule_that_reads_a_gpu_needs_scope_gpu() -> None:
 
 
 def test_lemon_and_mean_time_between_incidents() -> None:
-    from playbooks.history import HistoryEntry
+    from gridwatch.playbooks.history import HistoryEntry
 
     def incident(age_days: float, severity: str) -> HistoryEntry:
         return HistoryEntry(kind=HistoryKind.INCIDENT, at=T0 - age_days * DAY, node="n", severity=severity)

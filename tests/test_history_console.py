@@ -6,11 +6,11 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from console.fleet.state import ManualClock, StateStore
-from console.runtime.core import ConsoleRuntime, MemoryIncidents
-from console.tui.app import GridwatchApp
-from console.tui.screens import NodeScreen
-from playbooks.store import IncidentStore
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import NodeScreen
+from gridwatch.playbooks.store import IncidentStore
 from tests.test_console_app import SIZE, RecordingFleet, shown, wait_for
 from tests.test_state import T0, fill_fleet
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from rich.style import Style
 
-from agents.logs import LogTailer
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.core import RuntimeOptions, build_runtime
-from console.tui.app import GridwatchApp
-from console.tui.screens import IncidentsScreen, LogsScreen
-from console.tui.screens.logs import BLAMED_NODE_LINE, RANK_LINE
-from console.tui.widgets import TextTable
-from playbooks.loader import load_builtin
-from playbooks.plans import Incident, Plan
+from gridwatch.agent.logs import LogTailer
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import IncidentsScreen, LogsScreen
+from gridwatch.console.tui.screens.logs import BLAMED_NODE_LINE, RANK_LINE
+from gridwatch.console.tui.widgets import TextTable
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.plans import Incident, Plan
+from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import start_agent, stop_agent, wait_until
 from tests.test_console_app import screen_text, shown, wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import build_parser
+from gridwatch.console.cli import build_parser
 from tests.conftest import ROOT, free_port, wait_until_sync
 
 UNITS = ROOT / "deploy" / "systemd"
@@ -35,7 +35,7 @@ _AS_A_NODE = textwrap.dedent(
                 raise ImportError(f"{{name}} is not installed on a node")
     sys.meta_path.insert(0, NotOnANode())
     atexit.register(lambda: print("heavy imports:", sorted(set(tried)), file=sys.stderr, flush=True))
-    from console.cli import main
+    from gridwatch.console.cli import main
     sys.argv[0] = "gridwatch"
     sys.exit(main(sys.argv[1:]))
     """
@@ -112,7 +112,7 @@ def test_a_nodes_install_has_no_textual_or_torch_and_the_extras_bring_them() -> 
     assert {"textual", "rich"} <= extras["console"]
     # py-spy beside torch: the agent dumps the trainer's Python stacks into a scene with it (optional there).
     assert extras["trainer"] == {"torch", "py-spy"}
-    assert project["scripts"]["gridwatch"] == "console.cli:main"
+    assert project["scripts"]["gridwatch"] == "gridwatch.console.cli:main"
 
 
 def test_the_makefile_installs_everything_as_before() -> None:

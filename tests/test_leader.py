@@ -1,7 +1,7 @@
 """Several consoles, one actor: an etcd lease elects the console that acts, agents fence the others out.
 
 Real etcd (Debian's etcd-server, started per test), real agents on loopback SSH
-with real trainer control sockets (``trainer.control_server``), headless
+with real trainer control sockets (``gridwatch.trainer.control_server``), headless
 consoles as real processes (``gridwatch console --headless --etcd URL``).
 """
 
@@ -17,16 +17,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agents import protocol as p
-from agents.agent import Caller
-from agents.fencing import refusal
-from console.fleet.client import Fleet, FleetOptions
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.leader import Election, EtcdClient, Role
+from gridwatch.agent.fencing import refusal
+from gridwatch.console.runtime.leader import Election, EtcdClient, Role
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.sshlink.server import Caller
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
 from tests.etcd_server import running_etcd
 from tests.test_runtime_loop import agents_beside
-from trainer.control_server import ControlServer
 
 OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
 
@@ -149,7 +149,7 @@ class Job:
 
 
 def _console(keys, spec: str, db: Path, etcd: str, who: str, log: Path) -> subprocess.Popen:  # noqa: ANN001
-    cmd = [PYTHON, "-m", "console", "console", "--headless", "--nodes", spec, "--key", str(keys.operator_key),
+    cmd = [PYTHON, "-m", "gridwatch", "console", "--headless", "--nodes", spec, "--key", str(keys.operator_key),
            "--known-hosts", str(keys.known_hosts), "--db", str(db), "--etcd", etcd, "--operator", who,
            "--control-socket", str(db.with_suffix(".sock"))]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -251,7 +251,7 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
                 consoles[1].send_signal(signal.SIGCONT)
                 # Asynchronously: the agents answer from this test's event loop.
                 told = await asyncio.create_subprocess_exec(
-                    PYTHON, "-m", "console", "node", "isolate", "node-3", "--reason", "test", "--socket",
+                    PYTHON, "-m", "gridwatch", "node", "isolate", "node-3", "--reason", "test", "--socket",
                     str(dbs[1].with_suffix(".sock")), "--timeout", "20", cwd=ROOT,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                 said = (await asyncio.wait_for(told.communicate(), 60))[0].decode()
@@ -282,8 +282,8 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
 
 
 def test_the_etcd_url_reaches_the_runtime_from_cluster_toml_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
-    from console.runtime.config import ConfigError, parse_cluster
-    from console.runtime.core import RuntimeOptions
+    from gridwatch.console.runtime.config import ConfigError, parse_cluster
+    from gridwatch.console.runtime.core import RuntimeOptions
 
     config = parse_cluster('nodes = "n1:8022"\netcd = "http://10.0.0.1:2379"\ncluster = "train-a"\n',
                            str(tmp_path / "cluster.toml"))

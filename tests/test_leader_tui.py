@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from agents import protocol as p
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.core import RuntimeOptions, build_runtime
-from console.tui.app import GridwatchApp
-from console.tui.screens import FleetScreen, IncidentsScreen, NodeScreen
-from console.tui.screens.confirm import ConfirmScreen
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.console.tui.screens import FleetScreen, IncidentsScreen, NodeScreen
+from gridwatch.console.tui.screens.confirm import ConfirmScreen
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import stop_agent, wait_until
 from tests.etcd_server import running_etcd
-from tests.test_runtime_loop import agents_beside
 from tests.test_leader import OPERATOR, Job, _action_events, _console, _incidents, _steps
+from tests.test_runtime_loop import agents_beside
 
 SIZE = (200, 45)  # wide enough for the status bar to show the whole role
 
@@ -155,7 +155,7 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
 
 
 async def test_a_console_alone_offers_no_take_over(tmp_path: Path) -> None:
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.core import ConsoleRuntime
 
     app = GridwatchApp(ConsoleRuntime(), start_runtime=False)
     async with app.run_test(size=SIZE):
@@ -168,12 +168,12 @@ async def test_a_console_alone_offers_no_take_over(tmp_path: Path) -> None:
 async def test_demo_with_etcd_leads_and_a_console_attached_with_its_cluster_toml_observes(tmp_path: Path) -> None:
     import asyncio
 
-    from console.demo.cluster import ClusterOptions
-    from console.demo.session import DemoOptions, DemoSession
-    from console.runtime.config import load_cluster
+    from gridwatch.console.demo.cluster import ClusterOptions
+    from gridwatch.console.demo.session import DemoOptions, DemoSession
+    from gridwatch.console.runtime.config import load_cluster
     from tests.conftest import PYTHON, ROOT
 
-    shown = subprocess.run([PYTHON, "-m", "console", "demo", "--help"], cwd=ROOT, capture_output=True, text=True,
+    shown = subprocess.run([PYTHON, "-m", "gridwatch", "demo", "--help"], cwd=ROOT, capture_output=True, text=True,
                            timeout=60)
     assert shown.returncode == 0 and "--etcd URL" in shown.stdout
     with running_etcd(tmp_path / "etcd") as etcd:

@@ -21,9 +21,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from agents import protocol as p
-from agents.detectors import detect
-from agents.protocol import EVENT_KINDS, Event
+from gridwatch.agent.detectors import detect
+from gridwatch.wire import protocol as p
+from gridwatch.wire.protocol import EVENT_KINDS, Event
 
 from .conftest import start_agent, stop_agent
 
@@ -145,7 +145,7 @@ def test_every_corpus_line_cut_at_every_position_never_makes_a_detector_raise() 
 
 
 async def test_corpus_lines_written_to_a_followed_log_arrive_over_ssh_with_their_fields(keys, tmp_path: Path) -> None:
-    from agents.logs import LogTailer
+    from gridwatch.agent.logs import LogTailer
 
     wanted = {
         "nan_loss": "grad_norm",

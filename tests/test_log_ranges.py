@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from agents.protocol import Event, Text
-from console.fleet.logtime import TimeBound, console_zone, parse_time, zone_label
-from console.fleet.state import QueryError, parse_log_query
-from console.tui.screens import LogsScreen
-from console.tui.widgets import TextTable
+from gridwatch.console.fleet.logtime import TimeBound, console_zone, parse_time, zone_label
+from gridwatch.console.fleet.state import QueryError, parse_log_query
+from gridwatch.console.tui.screens import LogsScreen
+from gridwatch.console.tui.widgets import TextTable
+from gridwatch.wire.protocol import Event, Text
 from tests.test_console_app import FleetScreen, make_app, screen_text, shown, wait_for
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -90,7 +90,7 @@ async def test_the_logs_view_filters_by_absolute_range_and_says_its_zone(utc: No
     for minutes, node in ((30, "node01"), (10, "node02"), (2, "node03")):
         store.apply(Event(node=Text(node), kind=Text("xid"), severity=Text("critical"), gpu=0, code=79,
                           message=Text("fell off the bus"), ts=now - minutes * 60))
-    clock = lambda ts: datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M")  # noqa: E731
+    clock = lambda ts: datetime.fromtimestamp(ts, UTC).strftime("%H:%M")  # noqa: E731
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_for(pilot, lambda: shown(app, FleetScreen))
         app.show_view("logs")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.logs import LogTailer, parse_kmsg_record
-from agents.protocol import MAX_LINE_CHARS
+from gridwatch.agent.logs import LogTailer, parse_kmsg_record
+from gridwatch.wire.protocol import MAX_LINE_CHARS
 
 
 class Clock:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agents.config import ConfigError, load
-from agents.logs import LogTailer, journal_argv
+from gridwatch.agent.config import ConfigError, load
+from gridwatch.agent.logs import LogTailer, journal_argv
 from tests.conftest import wait_until_sync
 
 # Records in journalctl's --output=json shape (field names from systemd.journal-fields(7); values written

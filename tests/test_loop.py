@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from console.demo.chaos import FaultSpec
-from console.demo.cluster import ClusterOptions, trainer_unavailable
-from console.demo.session import DemoOptions, DemoSession
+from gridwatch.console.demo.chaos import FaultSpec
+from gridwatch.console.demo.cluster import ClusterOptions, trainer_unavailable
+from gridwatch.console.demo.session import DemoOptions, DemoSession
 from tests.conftest import wait_until
 
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--micro-batches=1", "--tiers=5,10,30"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from trainer.membership import Coordinator, Generation, Heartbeat, newest_gen, read_gen, wait_for_gen
+from gridwatch.trainer.membership import Coordinator, Generation, Heartbeat, newest_gen, read_gen, wait_for_gen
 
 
 class DictStore:
@@ -178,7 +178,7 @@ def test_wait_for_gen_skips_generations_without_the_node() -> None:
 
 @pytest.mark.parametrize("value", ["", "x", "member", "member x", "join 1 2"])
 def test_odd_states_parse_without_raising(value: str) -> None:
-    from trainer.membership import parse_state
+    from gridwatch.trainer.membership import parse_state
 
     assert parse_state(value)[0] in ("unknown", "member", "join")
 

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.metrics import MetricsExporter
-from agents.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample, NicSample, Text
-from agents.sources.simulated import SimulatedGpus
+from gridwatch.agent.metrics import MetricsExporter
+from gridwatch.agent.sources.simulated import SimulatedGpus
+from gridwatch.wire.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample, NicSample, Text
 
 # What dcgm-exporter's own output draws from promtool; nothing else may appear.
 DCGM_LINT = ("label names should be written in 'snake_case' not 'camelCase'", "should not include type 'counter'")

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol as p
-from agents.agent import Agent, Caller
-from agents.config import AgentConfig
-from agents.patrol import Patrol, start_patrol
-from agents.preflight import NicCounters, NicLink
-from agents.sources.simulated import SimulatedGpus
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.agent.patrol import Patrol, start_patrol
+from gridwatch.agent.preflight import NicCounters, NicLink
+from gridwatch.agent.sources.simulated import SimulatedGpus
+from gridwatch.sshlink.server import Caller
+from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
 
 OPERATOR = Caller(username="op", role="operator", key="SHA256:test")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from playbooks.notify import DefaultNotifier
-from playbooks.plans import Incident, PlannedStep
+from gridwatch.console.cli import main
+from gridwatch.playbooks.notify import DefaultNotifier
+from gridwatch.playbooks.plans import Incident, PlannedStep
 
 
 def test_dry_run_prints_targets_and_decisions(capsys: pytest.CaptureFixture[str]) -> None:

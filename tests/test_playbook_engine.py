@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from agents.protocol import Event, GpuSample, Hello, LogLine, Sample, Summary, TrainerStatus
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.model import Playbook
-from playbooks.schema import check_text
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.model import Playbook
+from gridwatch.playbooks.schema import check_text
+from gridwatch.wire.protocol import Event, GpuSample, Hello, LogLine, Sample, Summary, TrainerStatus
 
 
 def _playbooks(text: str) -> list[Playbook]:
@@ -148,7 +148,7 @@ def _straggler(engine: Engine, reporter: str, slow: str, step: int) -> list:
 
 
 def test_one_slow_step_reported_by_every_rank_never_opens_a_straggler_incident() -> None:
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(0.0)
     engine = Engine(load_builtin(), clock)
@@ -163,7 +163,7 @@ def test_one_slow_step_reported_by_every_rank_never_opens_a_straggler_incident()
 
 
 def test_a_straggler_flagged_on_most_steps_for_minutes_opens_one_incident_on_that_node() -> None:
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(0.0)
     engine = Engine(load_builtin(), clock)
@@ -180,7 +180,7 @@ def test_a_straggler_flagged_on_most_steps_for_minutes_opens_one_incident_on_tha
 
 
 def test_a_straggler_report_naming_an_unknown_node_blames_nobody() -> None:
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.loader import load_builtin
 
     clock = ManualClock(0.0)
     engine = Engine(load_builtin(), clock)
@@ -194,10 +194,10 @@ def test_a_straggler_report_naming_an_unknown_node_blames_nobody() -> None:
 
 
 def test_a_new_incident_in_the_same_second_gets_its_own_id():
-    from agents.protocol import Event, Hello, Text
-    from playbooks.clock import ManualClock
-    from playbooks.engine import Engine
-    from playbooks.loader import load_builtin
+    from gridwatch.playbooks.clock import ManualClock
+    from gridwatch.playbooks.engine import Engine
+    from gridwatch.playbooks.loader import load_builtin
+    from gridwatch.wire.protocol import Event, Hello, Text
 
     clock = ManualClock(1000.0)
     engine = Engine(load_builtin(), clock)

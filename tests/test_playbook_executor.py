@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from agents.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.executor import Executor
-from playbooks.notify import CommandOutcome
-from playbooks.plans import Plan
-from playbooks.scheduler import DrainRefused, Kubernetes, Slurm, backend_for
-from playbooks.schema import check_text
-from playbooks.store import IncidentStore, UnknownIncident
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.notify import CommandOutcome
+from gridwatch.playbooks.plans import Plan
+from gridwatch.playbooks.scheduler import DrainRefused, Kubernetes, Slurm, backend_for
+from gridwatch.playbooks.schema import check_text
+from gridwatch.playbooks.store import IncidentStore, UnknownIncident
+from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
 
 HARDWARE = """\
 name: hw
@@ -269,8 +269,8 @@ async def test_wait_for_polls_until_the_condition_holds_or_times_out(tmp_path: P
 
 
 async def test_a_superseded_plan_stands_down_and_cannot_be_confirmed(tmp_path: Path) -> None:
-    from playbooks.loader import load_builtin
-    from playbooks.replay import replay
+    from gridwatch.playbooks.loader import load_builtin
+    from gridwatch.playbooks.replay import replay
 
     trace = Path(__file__).parent / "traces" / "straggler_then_xid79.jsonl"
     straggler, hardware = replay(trace.open("rb"), load_builtin()).plans

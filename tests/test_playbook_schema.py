@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from playbooks.loader import BUILTIN_DIR, PlaybookLibrary, load
+from gridwatch.console.cli import main
+from gridwatch.playbooks.loader import BUILTIN_DIR, PlaybookLibrary, load
 
 GOOD = """\
 name: my-xid

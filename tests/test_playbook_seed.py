@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.protocol import Event, Hello, Sample, TrainerStatus
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.executor import Executor
-from playbooks.loader import load_builtin
-from playbooks.plans import Plan
-from playbooks.store import IncidentStore
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.plans import Plan
+from gridwatch.playbooks.store import IncidentStore
+from gridwatch.wire.protocol import Event, Hello, Sample, TrainerStatus
 from tests.test_playbook_executor import FakeNotifier, FakeRunner, FakeSink
 
 NODES = [f"node{i}" for i in range(1, 9)]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from playbooks.loader import load_builtin
-from playbooks.replay import ReplayResult, replay
+from gridwatch.console.cli import main
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.replay import ReplayResult, replay
 
 TRACES = Path(__file__).parent / "traces"
 TRACE_FILES = sorted(TRACES.glob("*.jsonl"))

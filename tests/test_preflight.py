@@ -9,12 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agents import protocol as p
-from agents.preflight import latest_gpu_samples
-from agents.stack import fingerprint, stack_hash
-from console.cli import main
-from console.fleet.hostlist import parse_endpoints
-from console.fleet.preflight import PreflightOptions, PreflightReport, load_baseline, run_preflight_async
+from gridwatch.agent.preflight import latest_gpu_samples
+from gridwatch.agent.stack import fingerprint, stack_hash
+from gridwatch.console.cli import main
+from gridwatch.console.fleet.preflight import PreflightOptions, PreflightReport, load_baseline, run_preflight_async
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import free_port, start_agent, stop_agent, wait_until
 
 FAST = dict(write_test_mb=1.0, net_sample_s=0.05, connect_timeout=5.0, action_timeout=30.0)

@@ -6,11 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents import protocol as p
-from agents.agent import Agent, Caller
-from agents.config import AgentConfig
-from agents.preflight import NicCounters, NicLink, PreflightArgs, check_gpus, check_storage, judge_nics, run_checks
-from agents.sources.simulated import SimulatedGpus
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.agent.preflight import NicCounters, NicLink, PreflightArgs, check_gpus, check_storage, judge_nics, run_checks
+from gridwatch.agent.sources.simulated import SimulatedGpus
+from gridwatch.sshlink.server import Caller
+from gridwatch.wire import protocol as p
 from tests.conftest import ROOT
 
 OPERATOR = Caller(username="op", role="operator", key="SHA256:test")
@@ -95,10 +96,10 @@ async def test_bad_args_are_refused_in_one_line() -> None:
 def test_agent_checks_do_not_import_torch(tmp_path: Path) -> None:
     code = (
         "import asyncio, sys\n"
-        "from agents import protocol as p\n"
-        "from agents.agent import Agent\n"
-        "from agents.config import AgentConfig\n"
-        "from agents.preflight import run_checks\n"
+        "from gridwatch.wire import protocol as p\n"
+        "from gridwatch.agent.agent import Agent\n"
+        "from gridwatch.agent.config import AgentConfig\n"
+        "from gridwatch.agent.preflight import run_checks\n"
         f"a = Agent(AgentConfig(node_name='n', checkpoint_paths=[{str(tmp_path)!r}], nics=['lo']))\n"
         "r = asyncio.run(run_checks(a, p.Action(id=p.Text('1'), action=p.Text('preflight'), args={'net_sample_s': 0.01, 'write_test_mb': 1})))\n"
         "print(r.ok, sorted(r.data), 'torch' in sys.modules)\n"

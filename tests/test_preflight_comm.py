@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agents import protocol as p
-from console.fleet.hostlist import parse_endpoints
-from console.fleet.preflight import NodeReport, PreflightOptions, PreflightReport, judge_comm, run_preflight_async
+from gridwatch.console.fleet.preflight import NodeReport, PreflightOptions, PreflightReport, judge_comm, run_preflight_async
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import free_port, start_agent, stop_agent
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agents.metrics import MetricsExporter
+from gridwatch.agent.metrics import MetricsExporter
 from tests.conftest import start_agent, stop_agent, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.server
 import threading
 import time
@@ -12,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from agents.metrics import MetricsExporter
-from agents.protocol import Sample, Text
-from console.fleet.prometheus import (
+from gridwatch.agent.metrics import MetricsExporter
+from gridwatch.console.fleet.prometheus import (
     HistoryWindow,
     Panel,
     PanelState,
+    PrometheusError,
     PrometheusFleet,
     PrometheusOptions,
-    PrometheusError,
     parse_answer,
 )
-from console.fleet.state import Metric, NodeStatus, StateStore
-from console.runtime.core import RuntimeOptions, build_runtime
-from playbooks.clock import ManualClock
+from gridwatch.console.fleet.state import Metric, NodeStatus, StateStore
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.wire.protocol import Sample, Text
 from tests.conftest import free_port, start_agent, stop_agent, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
 
@@ -262,8 +261,8 @@ def test_answers_that_are_not_the_query_api_are_one_sentence_each() -> None:
 
 
 async def test_a_down_prometheus_shows_per_panel_errors_and_the_ui_keeps_working() -> None:
-    from console.tui.app import GridwatchApp
-    from console.tui.screens import FleetScreen, NodeScreen
+    from gridwatch.console.tui.app import GridwatchApp
+    from gridwatch.console.tui.screens import FleetScreen, NodeScreen
 
     runtime = console_on(f"http://127.0.0.1:{free_port()}", timeout=1.0, interval=0.2)
     store = runtime.store

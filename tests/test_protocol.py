@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents import protocol as p
-from agents.framing import LineBuffer
-from agents.ringbuffer import FrameRing
-from console.fleet.hostlist import HostlistError, compress, expand, parse_endpoints
+from gridwatch.agent.ringbuffer import FrameRing
+from gridwatch.sshlink.hostlist import HostlistError, compress, expand, parse_endpoints
+from gridwatch.wire import protocol as p
+from gridwatch.wire.framing import LineBuffer
 
 
 def test_every_frame_carries_version_type_seq_ts_node():

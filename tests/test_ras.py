@@ -18,14 +18,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents import protocol as p
-from agents import ras
-from console.fleet.client import Fleet, FleetOptions
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.hangs import HangWatch
+from gridwatch.agent import ras
+from gridwatch.console.runtime.hangs import HangWatch
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
+from gridwatch.wire.control import CollectiveState
+from gridwatch.wire.ras import decode_report
 from tests.conftest import free_port, start_agent, stop_agent, wait_until
 from tests.test_blame_runtime import NODES, _engine, _record
-from trainer.control import CollectiveState
 
 DATA = Path(__file__).parent / "data" / "ras"
 DEAD = (DATA / "dead_rank.txt").read_text()
@@ -141,7 +142,7 @@ async def test_the_agent_answers_ras_status_over_ssh_and_a_viewer_may_ask(keys) 
             await wait_until(lambda: hello >= {"node-1", "node-2"}, what="both agents connected")
             res = await fleet.action("node-1", "ras_status", {}, timeout=10)
             assert res.ok, res.message
-            report = ras.decode_report(res.data["report"])
+            report = decode_report(res.data["report"])
             assert report.blamed_nodes == ["127.0.0.3"] and "127.0.0.3" in res.message
             assert isinstance(res.data["addresses"], list) and res.data["addresses"]
             res = await fleet.action("node-2", "ras_status", {}, timeout=10)
@@ -158,12 +159,14 @@ class _Fleet:
 
     addr: str
     asked: list[tuple[str, str]] = field(default_factory=list)
+    behind: str | None = None  # a node whose record stops at collective 40: the records alone can tell
 
     async def action(self, node: str, name: str, args: dict[str, Any], reason: str = "",
                      timeout: float = 5.0) -> Any:
         self.asked.append((node, name))
         if name == "dump_collectives":  # every rank waits in the same collective: the records cannot tell
-            rec = _record(node, 41, CollectiveState.STARTED)
+            rec = (_record(node, 40, CollectiveState.COMPLETED) if node == self.behind
+                   else _record(node, 41, CollectiveState.STARTED))
             return SimpleNamespace(ok=True, data={"record": msgspec.to_builtins(rec, enc_hook=p.text_enc_hook)})
         report = await ras.status(self.addr, timeout=2)
         addresses = {"node-1": ["127.0.0.1"], "node-2": ["127.0.0.2"], "node-3": ["127.0.0.3"]}[node]
@@ -187,6 +190,10 @@ async def test_hangwatch_blames_the_node_ras_names_where_the_records_cannot_tell
 async def test_hangwatch_falls_back_to_the_records_when_ras_blames_nobody() -> None:
     engine, _ = _engine()
     async with fake_server(rasd(HEALTHY)) as addr:
-        runtime = SimpleNamespace(engine=engine, fleet=_Fleet(addr), blamed=lambda job, v: None)
+        fleet = _Fleet(addr, behind="node-2")
+        runtime = SimpleNamespace(engine=engine, fleet=fleet, blamed=lambda job, v: None)
         verdict = await HangWatch(runtime).gather("run", "test")  # type: ignore[arg-type]
-    assert verdict is None or not verdict.summary.startswith("NCCL RAS")
+    # RAS was asked of every node and named nobody: the verdict is the records', which name the rank behind.
+    assert {n for n, a in fleet.asked if a == "ras_status"} == set(NODES)
+    assert verdict is not None and verdict.nodes == ["node-2"], verdict
+    assert not verdict.summary.startswith("NCCL RAS") and "never entered" in verdict.summary, verdict.summary

@@ -18,11 +18,12 @@ import msgspec
 import pytest
 from loguru import logger
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions, LinkState
-from console.fleet.hostlist import Endpoint
-from console.fleet.relay import Relay, RelayKeys
+from gridwatch.relay.service import Relay, RelayKeys
+from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
+from gridwatch.sshlink.hostlist import Endpoint
+from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, RunningAgent, free_port, spawn_agent, start_agent, wait_until, wait_until_async
+
 
 @dataclass
 class Console:
@@ -68,7 +69,7 @@ async def stop(ra: RunningAgent) -> None:
 
 @pytest.fixture
 async def nodes(keys, tmp_path) -> AsyncIterator[list[RunningAgent]]:
-    from agents.logs import LogTailer
+    from gridwatch.agent.logs import LogTailer
 
     # node-2 tails a log, so a search has something to find there.
     (tmp_path / "node-2.log").write_text("")
@@ -311,7 +312,7 @@ async def test_a_console_that_stops_reading_is_let_go(keys, tmp_path):
 
 
 def _spawn_relay(keys, port: int, nodes: str, log: Path) -> subprocess.Popen:
-    cmd = [PYTHON, "-m", "console", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
+    cmd = [PYTHON, "-m", "gridwatch", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
            "--name", "rack1", "--keys", str(keys.dir)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -384,15 +385,15 @@ async def test_an_agent_restarted_behind_the_relay_is_read_from_its_first_frame(
 
 
 def test_relay_help_and_a_bad_relay_toml_key(tmp_path):
-    run = subprocess.run([PYTHON, "-m", "console", "relay", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    run = subprocess.run([PYTHON, "-m", "gridwatch", "relay", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0 and "--nodes" in run.stdout and "--keys" in run.stdout
     toml = tmp_path / "relay.toml"
     toml.write_text('listen = "127.0.0.1:8023"\nnodes = "node[1-4]:8022"\nflush_every = 1\n')
-    run = subprocess.run([PYTHON, "-m", "console", "relay", "--config", str(toml)], cwd=ROOT, capture_output=True,
+    run = subprocess.run([PYTHON, "-m", "gridwatch", "relay", "--config", str(toml)], cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 2
     assert str(toml) in run.stderr and "flush_every" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     toml.write_text('listen = "127.0.0.1:8023"\nnodes = "node[4-1]"\n')
-    run = subprocess.run([PYTHON, "-m", "console", "relay", "--config", str(toml)], cwd=ROOT, capture_output=True,
+    run = subprocess.run([PYTHON, "-m", "gridwatch", "relay", "--config", str(toml)], cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 2 and f"{toml}: nodes:" in run.stderr and "backwards" in run.stderr

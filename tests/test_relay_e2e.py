@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol as p
-from agents.agent import Caller
+from gridwatch.sshlink.server import Caller
+from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, free_port, start_agent, wait_until
 from tests.test_relay import _spawn_relay, action_events, endpoint, stop
 
@@ -22,7 +22,7 @@ OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
 
 
 def _console(keys, relay: str, spec: str, db: Path, log: Path) -> subprocess.Popen:  # noqa: ANN001
-    cmd = [PYTHON, "-m", "console", "console", "--headless", "--relay", f"{relay}={spec}", "--key", str(keys.operator_key),
+    cmd = [PYTHON, "-m", "gridwatch", "console", "--headless", "--relay", f"{relay}={spec}", "--key", str(keys.operator_key),
            "--known-hosts", str(keys.known_hosts), "--db", str(db), "--control-socket", str(db.with_suffix(".sock"))]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -75,10 +75,10 @@ async def test_an_xid_behind_a_relay_is_isolated_once_and_a_dead_relay_is_one_li
 
 
 def test_the_status_line_names_a_dead_relay_once_for_its_nodes_and_counts_several() -> None:
-    from console.fleet.client import LinkState, NodeLink, RelayStatus
-    from console.fleet.hostlist import Endpoint
-    from console.fleet.state import StateStore
-    from console.runtime.core import ConsoleRuntime
+    from gridwatch.console.fleet.state import StateStore
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.sshlink.client import LinkState, NodeLink, RelayStatus
+    from gridwatch.sshlink.hostlist import Endpoint
 
     runtime = ConsoleRuntime(StateStore())
 

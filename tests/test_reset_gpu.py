@@ -7,17 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import asyncssh
-import pytest
 
-from agents import protocol as p
-from agents.actions import reset_argv, reset_gpu
-from agents.agent import Agent, Caller
-from agents.config import AgentConfig
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.executor import Executor
-from playbooks.loader import load_builtin
-from playbooks.store import IncidentStore
+from gridwatch.agent.actions import reset_argv, reset_gpu
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.store import IncidentStore
+from gridwatch.sshlink.server import Caller
+from gridwatch.wire import protocol as p
 from tests.conftest import wait_until
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from console.runtime.config import ConfigError, load_cluster
-from console.runtime.core import RuntimeOptions, build_runtime
-from playbooks.loader import BUILTIN_DIR, load_with_builtin
-from playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
+from gridwatch.console.runtime.config import ConfigError, load_cluster
+from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.playbooks.loader import BUILTIN_DIR, load_with_builtin
+from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
 from tests.conftest import free_port
 
 PY = sys.executable
 
 
 def gridwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "console", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([PY, "-m", "gridwatch", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def cluster_toml(tmp_path: Path, keys, extra: str = "") -> Path:  # noqa: ANN001
@@ -181,14 +181,14 @@ def relay_toml(tmp_path: Path, keys, body: str) -> Path:  # noqa: ANN001
 
 
 def _eps(spec: str) -> list:
-    from console.fleet.hostlist import parse_endpoints
+    from gridwatch.sshlink.hostlist import parse_endpoints
 
     return parse_endpoints(spec)
 
 
 def test_relay_tables_reach_the_runtime_and_auto_counts_every_node_direct_and_relayed(keys, tmp_path) -> None:
-    from console.fleet.hostlist import Endpoint
-    from console.runtime.config import write_cluster
+    from gridwatch.console.runtime.config import write_cluster
+    from gridwatch.sshlink.hostlist import Endpoint
 
     path = relay_toml(tmp_path, keys, 'nodes = "node[001-016]:8022"\n'
                       '[[relay]]\naddress = "head1:8023"\nnodes = "node[017-1264]:8022"\n'
@@ -212,7 +212,7 @@ def test_relay_tables_reach_the_runtime_and_auto_counts_every_node_direct_and_re
 
 
 def test_nodes_may_be_left_out_when_relays_carry_every_node(keys, tmp_path) -> None:
-    from console.fleet.hostlist import Endpoint
+    from gridwatch.sshlink.hostlist import Endpoint
 
     path = relay_toml(tmp_path, keys, '[[relay]]\naddress = "head1:8023"\nnodes = "node[001-512]:8022"\n')
     options = RuntimeOptions.from_cluster(load_cluster(path))
@@ -241,7 +241,7 @@ RELAYS = '[[relay]]\naddress = "head1:8023"\nnodes = "node[017-256]:8022"\n'
 ], ids=["bad-address", "bad-hostlist", "under-two-relays", "direct-and-relayed", "relay-is-a-node",
         "relay-under-a-relay", "relay-twice", "wrong-type", "unknown-key", "no-address"])
 def test_a_bad_relay_table_is_one_line_naming_the_file_and_the_key_and_exit_2(keys, tmp_path, capsys, body, says) -> None:
-    from console.cli import main
+    from gridwatch.console.cli import main
 
     path = relay_toml(tmp_path, keys, body)
     with pytest.raises(ConfigError) as err:
@@ -254,14 +254,14 @@ def test_a_bad_relay_table_is_one_line_naming_the_file_and_the_key_and_exit_2(ke
 
 
 def _console_args(*argv: str):  # noqa: ANN202
-    from console.cli import build_parser
+    from gridwatch.console.cli import build_parser
 
     return build_parser().parse_args(["console", "--headless", *argv])
 
 
 def test_relay_on_the_command_line_means_a_relay_table_and_replaces_the_files(keys, tmp_path) -> None:
-    from console.cli.ui import runtime_options
-    from console.fleet.hostlist import Endpoint
+    from gridwatch.console.cli.ui import runtime_options
+    from gridwatch.sshlink.hostlist import Endpoint
 
     db = str(tmp_path / "incidents.db")
     options = runtime_options(_console_args("--nodes", "node[001-016]:8022", "--key", str(keys.operator_key),
@@ -287,7 +287,7 @@ def test_relay_on_the_command_line_means_a_relay_table_and_replaces_the_files(ke
      "--relay head2:8023=node[256-512]:8022: node256:8022 is under relay head1:8023 and relay head2:8023"),
 ], ids=["no-equals", "bad-address", "bad-hostlist", "direct-and-relayed", "under-two-relays"])
 def test_a_bad_relay_flag_is_one_line_and_exit_2(keys, tmp_path, capsys, argv, says) -> None:
-    from console.cli import main
+    from gridwatch.console.cli import main
 
     common = ["--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts), "--db", str(tmp_path / "i.db")]
     assert main(["console", "--headless", *argv, *common]) == 2

@@ -1,7 +1,7 @@
 """The console's own runtime closes the loop: a restart sent while the job re-forms, recovery, MTTD/MTTR, audit.
 
 Real agents on loopback SSH, each relaying a real trainer control socket
-(``trainer.control_server``) whose status the test drives, the runtime built
+(``gridwatch.trainer.control_server``) whose status the test drives, the runtime built
 by ``build_runtime`` exactly as ``gridwatch console`` builds it, and a real
 SQLite incident store.
 """
@@ -12,12 +12,12 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from agents import protocol as p
-from console.fleet.hostlist import parse_endpoints
-from console.runtime.core import RuntimeOptions, StoreIncidents, build_runtime
+from gridwatch.console.runtime.core import RuntimeOptions, StoreIncidents, build_runtime
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.wire import protocol as p
+from gridwatch.wire.control import decode_request
 from tests.conftest import start_agent, stop_agent, wait_until
-from trainer.control import decode_request
-from trainer.control_server import ControlServer
 
 
 class LeavingServer(ControlServer):
@@ -73,7 +73,7 @@ async def agents_beside(keys, job, names: list[str] | None = None, interval: flo
                         scenes: Path | None = None) -> list:
     """A real agent per node of ``job`` (a stand-in job: ``up(name)``, ``paths``), each relaying that
     node's trainer control socket; scenes kept under ``scenes/<node>`` when given."""
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     agents = []
     for name in names if names is not None else job.names:
@@ -176,7 +176,7 @@ async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_
 
 async def test_an_incident_from_before_any_training_step_recovers_once_the_job_trains_past_the_first_step_seen(
         keys, tmp_path) -> None:
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     job = FakeJob(tmp_path, ["node-1"])
     ra = await start_agent(keys, name="node-1", gpus=2, interval=0.1)

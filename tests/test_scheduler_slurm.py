@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from agents.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.executor import Executor
-from playbooks.loader import load_builtin
-from playbooks.plans import Plan
-from playbooks.scheduler import Backoff
-from playbooks.schema import check_text
-from playbooks.store import IncidentStore
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.plans import Plan
+from gridwatch.playbooks.scheduler import Backoff
+from gridwatch.playbooks.schema import check_text
+from gridwatch.playbooks.store import IncidentStore
+from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
 from tests.conftest import wait_until
 from tests.processes import live_members
 from tests.slurm_cluster import NODES, SlurmCluster, missing, shared

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from console.demo.cluster import trainer_unavailable
+from gridwatch.console.demo.cluster import trainer_unavailable
 from tests.conftest import PYTHON, ROOT, free_port, spawn_agent, wait_until
 from tests.slurm_cluster import NODES, SlurmCluster, missing, shared
 
@@ -93,7 +93,7 @@ class Deployment:
 
     def gridwatch(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The command line an operator runs on the head node."""
-        return subprocess.run([PYTHON, "-m", "console", *args], cwd=ROOT, env=self.slurm.env(), capture_output=True,
+        return subprocess.run([PYTHON, "-m", "gridwatch", *args], cwd=ROOT, env=self.slurm.env(), capture_output=True,
                               text=True, timeout=120)
 
     def fault(self, node: str, code: int = 79) -> str:
@@ -147,7 +147,7 @@ async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool) -> A
         f'key = "{keys.operator_key}"\nknown_hosts = "{keys.known_hosts}"\n'
         f'db = "{db}"\nscheduler = "slurm"\noperator = "{OPERATOR}"\n')
     console = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "console", "console", "--headless", "--cluster", str(cluster),
+        PYTHON, "-m", "gridwatch", "console", "--headless", "--cluster", str(cluster),
         "--duration", "600", cwd=ROOT, env=slurm.env(), stdin=subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     deployment = Deployment(slurm, ports, db, cluster, keys)
@@ -164,7 +164,7 @@ async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool) -> A
         if trainer:
             env = {k: v for k, v in os.environ.items() if k != "GRIDWATCH_TRAINER_SOCKET"}
             job = await asyncio.create_subprocess_exec(
-                PYTHON, "-m", "console", "train", "--nodes", str(len(NODES)), "--node-names", ",".join(NODES),
+                PYTHON, "-m", "gridwatch", "train", "--nodes", str(len(NODES)), "--node-names", ",".join(NODES),
                 "--steps", "100000", "--run-dir", str(run_dir), *TINY_TRAINER, cwd=ROOT, env=env,
                 stdin=subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True, preexec_fn=lambda: os.nice(10))  # the ranks yield to agents and console
@@ -297,7 +297,7 @@ async def test_an_xid_79_takes_the_node_out_in_slurm_the_job_goes_on_and_a_retur
                for who, what, _, phase, _ in audit)
 
     # Its trainer starts again, as a repaired node's launcher does, and joins the running job.
-    from trainer.launch import request_rejoin
+    from gridwatch.trainer.launch import request_rejoin
 
     rejoined_after = job.step()
     request_rejoin(job.run_dir, "node-2")

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from agents.sources import GuardedSource, SourceState
-from agents.sources.nvml import NvmlSource, open_gpu_source
+from gridwatch.agent.sources import GuardedSource, SourceState
+from gridwatch.agent.sources.nvml import NvmlSource, open_gpu_source
 from tests import fake_pynvml
 from tests.conftest import wait_until, wait_until_async
 from tests.fake_pynvml import FakeGpu, busy_gpm

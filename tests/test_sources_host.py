@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agents.sources.host import HostSource
+from gridwatch.agent.sources.host import HostSource
 
 Counters = namedtuple("Counters", "bytes_sent bytes_recv packets_sent packets_recv errin errout dropin dropout")
 

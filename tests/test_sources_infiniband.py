@@ -12,12 +12,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agents import protocol as p
-from agents.agent import Agent
-from agents.config import AgentConfig, ConfigError, load
-from agents.metrics import MetricsExporter
-from agents.sources import GuardedSource
-from agents.sources.infiniband import (
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig, ConfigError, load
+from gridwatch.agent.metrics import MetricsExporter
+from gridwatch.agent.sources.infiniband import (
     IbJudge,
     IbSource,
     IbThresholds,
@@ -27,6 +25,7 @@ from agents.sources.infiniband import (
     parse_id_name,
     parse_rate,
 )
+from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
 from tests.test_stream import make_fleet, of_type
 
@@ -336,7 +335,7 @@ async def test_a_file_that_blocks_holds_up_this_source_alone(tmp_path: Path) -> 
     fifo.unlink()
     os.mkfifo(fifo)  # opening it blocks until a writer comes, as a wedged driver read would
     config = AgentConfig(node_name="node-ib", listen="127.0.0.1:0", source_timeout=0.3)
-    from agents.sources.simulated import SimulatedGpus
+    from gridwatch.agent.sources.simulated import SimulatedGpus
 
     agent = Agent(config, gpus=SimulatedGpus(2, seed=1), infiniband=IbSource(SysfsPorts(str(root))))
     try:
@@ -379,7 +378,7 @@ def test_sim_mode_gets_one_hca_per_gpu_and_real_mode_none_without_devices(tmp_pa
 
 
 def test_a_simulated_agent_reads_its_hcas_and_exports_them() -> None:
-    from agents.runner import build_agent
+    from gridwatch.agent.runner import build_agent
 
     agent = build_agent(AgentConfig(node_name="node-sim", simulate_gpus=2, kernel_log=False,
                                     metrics_listen="127.0.0.1:0"))
@@ -452,7 +451,8 @@ async def test_an_injected_flap_over_ssh_shows_the_port_down_then_the_flap(keys)
 
 
 def test_the_shipped_playbook_takes_a_downed_link_out_and_only_notifies_on_errors() -> None:
-    from playbooks.loader import BUILTIN_DIR, load as load_playbooks
+    from gridwatch.playbooks.loader import BUILTIN_DIR
+    from gridwatch.playbooks.loader import load as load_playbooks
 
     result = load_playbooks([BUILTIN_DIR / "ib-link.yaml"])
     assert result.errors == () and result.unreadable == ()
@@ -464,7 +464,7 @@ def test_the_shipped_playbook_takes_a_downed_link_out_and_only_notifies_on_error
 
 
 async def test_the_node_view_shows_a_down_port() -> None:
-    from console.tui.screens import NodeScreen
+    from gridwatch.console.tui.screens import NodeScreen
     from tests.test_console_app import SIZE, make_app, shown, wait_for
     from tests.test_state import make_sample
 

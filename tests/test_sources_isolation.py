@@ -12,15 +12,15 @@ from typing import Any
 import asyncssh
 import pytest
 
-from agents import protocol as p
-from agents.agent import Agent
-from agents.config import AgentConfig
-from agents.logs import LogTailer
-from agents.metrics import MetricsExporter
-from agents.server import serve
-from agents.sources import GuardedSource, Reading, SourceState
-from agents.sources.host import HostSource
-from agents.sources.nvml import NvmlSource, open_gpu_source
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.config import AgentConfig
+from gridwatch.agent.logs import LogTailer
+from gridwatch.agent.metrics import MetricsExporter
+from gridwatch.agent.server import serve
+from gridwatch.agent.sources import GuardedSource, Reading, SourceState
+from gridwatch.agent.sources.host import HostSource
+from gridwatch.agent.sources.nvml import NvmlSource, open_gpu_source
+from gridwatch.wire import protocol as p
 from tests import fake_pynvml
 from tests.conftest import wait_until
 

@@ -7,8 +7,9 @@ import inspect
 import pynvml as real_pynvml
 import pytest
 
-from agents.sources import FaultNotSupported
-from agents.sources.nvml import NVLINK_EVERY, NvmlSource, decode_throttle, open_gpu_source
+from gridwatch.agent.sources import FaultNotSupported
+from gridwatch.agent.sources.nvml import NVLINK_EVERY, NvmlSource, open_gpu_source
+from gridwatch.wire.throttle import decode_throttle
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.sources.simulated import HANG_TICKS, SimulatedGpus
+from gridwatch.agent.sources.simulated import HANG_TICKS, SimulatedGpus
 
 
 class Clock:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.stack import OVERRIDE_ENV, fingerprint
+from gridwatch.agent.stack import OVERRIDE_ENV, fingerprint
 from tests import fake_pynvml
 
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from agents.protocol import (
+import pytest
+
+from gridwatch.console.fleet.state import (
+    GPU_UTIL,
+    ManualClock,
+    Metric,
+    NodeStatus,
+    QueryError,
+    StateStore,
+    parse_log_query,
+)
+from gridwatch.wire.protocol import (
     Event,
     GpuInfo,
     GpuSample,
@@ -17,17 +28,6 @@ from agents.protocol import (
     decode_agent_frame,
     encode,
 )
-from console.fleet.state import (
-    GPU_UTIL,
-    ManualClock,
-    Metric,
-    NodeStatus,
-    QueryError,
-    StateStore,
-    parse_log_query,
-)
-
-import pytest
 
 T0 = 1_700_000_000.0
 
@@ -120,7 +120,7 @@ def test_the_node_whose_stack_differs_from_the_majority_is_flagged(store) -> Non
 
 
 def test_an_even_split_of_stacks_flags_no_one_as_pre_flight_judges_it(store) -> None:
-    from console.fleet.preflight import majority_hash
+    from gridwatch.console.fleet.preflight import majority_hash
 
     for name, stack in (("a", "one"), ("b", "one"), ("c", "two"), ("d", "two")):
         store.apply(make_hello(name, stack=stack))
@@ -138,7 +138,7 @@ def test_log_queries_read_durations_as_playbooks_do() -> None:
 
 
 def test_one_manual_clock_serves_the_store_and_callable_clocks(clock: ManualClock) -> None:
-    from agents.sources.simulated import SimulatedGpus
+    from gridwatch.agent.sources.simulated import SimulatedGpus
 
     gpus = SimulatedGpus(1, seed=1, clock=clock)  # the agent side asks clock(), the store clock.now()
     store = StateStore(clock)
@@ -241,9 +241,8 @@ def test_a_nodes_one_cell_reads_the_same_from_its_gpus_as_from_its_aggregate() -
     import random
     from collections import Counter
 
-    from agents.protocol import GpuBrief
-    from agents.protocol import Summary, Text
-    from console.fleet.state import Metric, aggregate, worst_gpu, worst_of
+    from gridwatch.console.fleet.state import Metric, aggregate, worst_gpu, worst_of
+    from gridwatch.wire.protocol import GpuBrief, Summary, Text
 
     rng = random.Random(7)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.protocol import Event, Text
-from console.fleet.state import CheckVerdict, ManualClock, Metric, PatrolStatus, PreflightResult, StateStore
+from gridwatch.console.fleet.state import CheckVerdict, ManualClock, Metric, PatrolStatus, PreflightResult, StateStore
+from gridwatch.wire.protocol import Event, Text
 from tests.test_state import T0, fill_fleet
 
 
@@ -70,8 +70,8 @@ def test_a_failed_preflight_is_kept_by_connection_key_and_flags_the_node(store: 
 
 
 def test_samples_tell_a_passing_patrol_from_no_news():
-    from agents.protocol import Hello, Sample, Text
-    from console.fleet.state import ManualClock, PatrolStatus, StateStore
+    from gridwatch.console.fleet.state import ManualClock, PatrolStatus, StateStore
+    from gridwatch.wire.protocol import Hello, Sample, Text
 
     store = StateStore(ManualClock(1_700_000_000.0))
     store.apply(Hello(node=Text("n1")), key="n1")

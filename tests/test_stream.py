@@ -8,9 +8,9 @@ import signal
 import asyncssh
 import pytest
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions, LinkState
-from console.fleet.hostlist import parse_endpoints
+from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
 
 
@@ -83,7 +83,7 @@ async def test_operator_isolates_and_injects_a_fault(agent, keys):
 
 
 async def test_wrong_key_is_refused_with_a_reason(agent, keys, tmp_path):
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     other = init_keys(tmp_path / "other")
     fleet, _ = make_fleet(agent, keys, key=other.operator_key)
@@ -97,7 +97,7 @@ async def test_wrong_key_is_refused_with_a_reason(agent, keys, tmp_path):
 
 
 async def test_unknown_host_key_is_refused_never_accepted(agent, keys, tmp_path):
-    from agents.keys import init_keys
+    from gridwatch.sshlink.keys import init_keys
 
     other = init_keys(tmp_path / "other")
     fleet, frames = make_fleet(agent, keys, known=other.known_hosts)
@@ -203,7 +203,7 @@ async def test_a_client_that_never_reads_blocks_nobody(agent, keys):
 
 
 async def test_search_merges_answers_by_time(keys, tmp_path):
-    from agents.logs import LogTailer
+    from gridwatch.agent.logs import LogTailer
 
     log = tmp_path / "train.log"
     log.write_text("step 1 ok\nNCCL WARN net timeout\nstep 2 ok\n")

@@ -9,9 +9,9 @@ import shutil
 import asyncssh
 import pytest
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions, LinkState
-from console.fleet.hostlist import parse_endpoints
+from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import wait_until
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from agents import protocol as p
-from console.fleet.client import Fleet, FleetOptions
-from console.fleet.hostlist import parse_endpoints
-from console.fleet.state import Metric, StateStore
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine, agent_watches
-from playbooks.loader import load_with_builtin
+from gridwatch.console.fleet.state import Metric, StateStore
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine, agent_watches
+from gridwatch.playbooks.loader import load_with_builtin
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
 
 
@@ -115,7 +115,7 @@ async def test_the_agent_evaluates_a_for_condition_and_the_engine_opens_one_inci
     # The engine, given the same conditions (its playbooks with the short window), takes the agent's word once.
     from dataclasses import replace
 
-    from playbooks.metrics import MetricCondition
+    from gridwatch.playbooks.metrics import MetricCondition
 
     short = []
     for pb in books:
@@ -135,7 +135,7 @@ async def test_the_agent_evaluates_a_for_condition_and_the_engine_opens_one_inci
 
 
 def test_a_watch_the_agent_cannot_evaluate_is_refused_with_a_reason():
-    from agents.watch import Watcher
+    from gridwatch.agent.watch import Watcher
 
     watcher = Watcher()
     refused = watcher.set(1, [p.Watch(name=p.Text("x"), metric=p.Text("host.cpu"), op=p.Text(">"), threshold=1.0),
@@ -145,8 +145,8 @@ def test_a_watch_the_agent_cannot_evaluate_is_refused_with_a_reason():
 
 
 async def test_a_console_set_to_summaries_every_3_s_gets_them_3_s_apart_and_an_xid_at_once(keys, tmp_path):
-    from console.runtime.config import parse_cluster
-    from console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.config import parse_cluster
+    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
 
     ra = await start_agent(keys, gpus=2, interval=0.5)
     config = parse_cluster(f'nodes = "{ra.spec}"\nkey = "{keys.operator_key}"\nknown_hosts = "{keys.known_hosts}"\n'
@@ -190,7 +190,7 @@ async def test_a_console_set_to_summaries_every_3_s_gets_them_3_s_apart_and_an_x
 
 
 async def test_summaries_carry_the_trainers_membership_first_and_when_it_changes_and_the_engine_keeps_it(keys, tmp_path):
-    from trainer.control_server import ControlServer
+    from gridwatch.trainer.control_server import ControlServer
 
     sock = str(tmp_path / "trainer.sock")
     status = p.TrainerStatus(phase=p.Text("training"), step=7, world_size=2,
@@ -198,7 +198,7 @@ async def test_summaries_carry_the_trainers_membership_first_and_when_it_changes
     server = ControlServer(sock, lambda: status, node="node-1")
     server.start()
     ra = await start_agent(keys, interval=0.05)
-    from agents.trainer_link import TrainerLink
+    from gridwatch.agent.trainer_link import TrainerLink
 
     ra.agent.trainer = TrainerLink(sock, interval=0.05)
     ra.agent.trainer.start()

@@ -10,7 +10,7 @@ from tests.conftest import ROOT, start_agent, stop_agent
 
 async def _train(keys, spec: str, tmp_path, *extra: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "console", "train", "--nodes", "2", "--steps", "10", "--run-dir", str(tmp_path / "run"),
+        sys.executable, "-m", "gridwatch", "train", "--nodes", "2", "--steps", "10", "--run-dir", str(tmp_path / "run"),
         "--print-torchrun", "--agents", spec, "--key", str(keys.operator_key), "--known-hosts", str(keys.known_hosts),
         "--no-comm", "--gpus", "2", *extra,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

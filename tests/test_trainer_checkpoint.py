@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from gridwatch.trainer.checkpoint import (
     CheckpointInvalid,
     Manifest,
     clean_partials,
@@ -21,8 +21,8 @@ from trainer.checkpoint import (
     validate,
     write_checkpoint,
 )
-from trainer.config import TrainConfig
-from trainer.tiers import SaveOutcome, TieredCheckpointer
+from gridwatch.trainer.config import TrainConfig
+from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
 
 
 def _state(seed: int, n: int = 1000) -> dict[str, torch.Tensor]:
@@ -82,7 +82,7 @@ def test_sigkill_during_write_leaves_no_visible_checkpoint(tmp_path: Path) -> No
     script = textwrap.dedent(f"""
         import torch
         from pathlib import Path
-        from trainer import checkpoint as c
+        from gridwatch.trainer import checkpoint as c
         real = c.save_tensors
         def slow(tensors, directory):
             real(tensors, directory)
@@ -116,7 +116,7 @@ def tiny_disk(tmp_path: Path):
     else:
         import errno
 
-        from trainer import checkpoint as c
+        from gridwatch.trainer import checkpoint as c
 
         real = c.save_tensors
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.protocol import Event, Text, TrainerStatus
-from trainer.control import (
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.wire.control import (
     SOCKET_ENV,
     TrainerUnavailable,
     events_after,
@@ -17,7 +17,7 @@ from trainer.control import (
     restart_target,
     socket_path,
 )
-from trainer.control_server import ControlServer
+from gridwatch.wire.protocol import Event, Text, TrainerStatus
 
 
 @pytest.fixture
@@ -83,13 +83,13 @@ def test_control_module_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, trainer.control, trainer.control_server, trainer.launch; print('torch' in sys.modules)"
+    code = "import sys, gridwatch.wire.control, gridwatch.trainer.control_server, gridwatch.trainer.launch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_restart_from_accepts_what_the_playbooks_send():
-    from trainer.control import RestartTarget
+    from gridwatch.wire.control import RestartTarget
 
     assert restart_target({"step": 30}) == RestartTarget(step=30)
     assert restart_target({"checkpoint": "tier1:step-40"}) == RestartTarget(step=40)

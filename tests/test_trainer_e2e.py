@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, read_config
-from trainer.control import TrainerUnavailable, read_status, request
-from trainer.launch import LocalRun, start_local_run
+from gridwatch.trainer.config import TrainConfig, read_config
+from gridwatch.trainer.launch import LocalRun, start_local_run
+from gridwatch.wire.control import TrainerUnavailable, read_status, request
 from tests.conftest import wait_until_sync
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ def finish(run: LocalRun, timeout: float = 90) -> None:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     """An uninterrupted 2-node run, started from the command line."""
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    cmd = [sys.executable, "-m", "console.cli", "train", "--nodes", "2", "--steps", str(STEPS), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "gridwatch.console.cli", "train", "--nodes", "2", "--steps", str(STEPS), "--run-dir", str(run_dir),
            "--dim", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--micro-batch", "4", "--tiers", "2,4,8"]
     # The command-line run uses the default corpus size and LR; the others match it below.
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

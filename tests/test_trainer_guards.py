@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
-from trainer.sampler import BatchSampler, my_slots
+from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
+from gridwatch.trainer.sampler import BatchSampler, my_slots
 
 
 class FakeClock:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol as p
-from agents import xidcatalog as xc
-from agents.detectors.kernel import DETECTORS
-from agents.sources.nvml import NvmlSource, open_gpu_source
-from agents.sources.simulated import SimulatedGpus
-from agents.sources.xid import xid_entry, xid_meaning, xid_resolution, xid_severity
-from playbooks.clock import ManualClock
-from playbooks.engine import Engine
-from playbooks.loader import load_builtin
+from gridwatch.agent.detectors.kernel import DETECTORS
+from gridwatch.agent.sources.nvml import NvmlSource, open_gpu_source
+from gridwatch.agent.sources.simulated import SimulatedGpus
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.wire import protocol as p
+from gridwatch.wire import xid as xc
+from gridwatch.wire.xid import xid_entry, xid_meaning, xid_resolution, xid_severity
 from tests import fake_pynvml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +51,8 @@ def test_the_catalogue_is_package_data_of_the_wheel() -> None:
     import tomllib
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "data/*.json" in data["agents"]  # so an installed wheel has the file xid_catalog() reads
-    assert json.loads((ROOT / "agents" / "data" / "xid_catalog.json").read_text())["entries"]
+    assert "data/*.json" in data["gridwatch.wire"]  # so an installed wheel has the file xid_catalog() reads
+    assert json.loads((ROOT / "gridwatch" / "wire" / "data" / "xid_catalog.json").read_text())["entries"]
 
 
 def test_an_xid_from_the_kernel_log_carries_its_resolution_over_the_wire() -> None:
@@ -101,7 +101,7 @@ def test_shipped_playbooks_select_by_resolution(code: int, playbook: str | None)
 
 
 def test_a_match_on_resolution_is_checked_against_the_names() -> None:
-    from playbooks.schema import check_text
+    from gridwatch.playbooks.schema import check_text
 
     _, errors = check_text("name: x\ntrigger: {event: xid, match: {resolution: [RESET]}}\nplan: [notify]\n", "x.yaml")
     assert [e.message for e in errors] == [

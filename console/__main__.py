@@ -1,5 +1,0 @@
-import sys
-
-from console.cli import main
-
-sys.exit(main())

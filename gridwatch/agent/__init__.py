@@ -1,0 +1,1 @@
+"""The node agent: sources, detectors, actions, the SSH subsystem and /metrics."""

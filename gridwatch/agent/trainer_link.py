@@ -1,0 +1,147 @@
+"""The agent's side of the local trainer's control socket: status in, controls out.
+
+Polled in the background so a slow or stuck trainer never delays a tick; the
+sampler reads the newest status it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from gridwatch.agent.sources import Reading
+from gridwatch.wire import protocol as p
+
+if TYPE_CHECKING:
+    from gridwatch.wire.control import CollectiveRecord
+
+VIEWER_DUMP_ENTRIES = 64  # a viewer's read stays small: the newest few steps of every group
+
+
+class TrainerLink:
+    """Polls the trainer; says ``trainer_exit`` once it has been silent for ``grace`` seconds.
+
+    The grace keeps a planned re-formation (workers restarting after a node
+    left, a few seconds) from paging; a crash that torchrun does not heal, a
+    frozen trainer or a re-formation that hangs outlasts it.
+    """
+
+    name = "trainer"
+    blocking = False  # the newest status is already in memory: polling happens in the background
+
+    def __init__(self, socket_path: str, interval: float = 1.0, timeout: float = 2.0, grace: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.socket_path = socket_path
+        self.interval = interval
+        self.timeout = timeout
+        self.grace = grace
+        self.clock = clock
+        self._silent_since: float | None = None
+        self.status: p.TrainerStatus | None = None
+        self.attached = False
+        self._events: list[p.Event] = []
+        self._seen_event_seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self.last_ok: float | None = None
+        self.leaving = False  # asked to leave the job: its going away is no fault
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def read(self) -> Reading:
+        """The sampler's view: the newest status and the events since the last read."""
+        return Reading(trainer=self.status, events=self.take_events())
+
+    def take_events(self) -> list[p.Event]:
+        events, self._events = self._events, []
+        return events
+
+    async def control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send one control; the reply is a dict with ``ok`` and ``message`` or ``error``."""
+        from gridwatch.wire.control import request
+
+        try:
+            reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
+        except (OSError, TimeoutError, ValueError) as exc:
+            return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}"}
+        if command == "leave" and reply.ok:
+            self.leaving = True
+        return {"ok": reply.ok, "message": str(reply.message)}
+
+    async def collectives(self, viewer: bool, limit: int | None = None) -> tuple[CollectiveRecord | None, str]:
+        """The trainer's collective record (a viewer gets the newest ``VIEWER_DUMP_ENTRIES`` at most), or why not."""
+        from gridwatch.wire.control import MAX_DUMP_ENTRIES, TrainerUnavailable, read_collectives
+
+        cap = VIEWER_DUMP_ENTRIES if viewer else MAX_DUMP_ENTRIES
+        want = min(max(1, limit), cap) if limit is not None else cap
+        try:
+            return await read_collectives(self.socket_path, want, timeout=self.timeout), ""
+        except TrainerUnavailable as exc:
+            return None, str(exc)
+
+    async def _poll_forever(self) -> None:
+        from gridwatch.wire.control import read_status
+
+        while True:
+            try:
+                status = await read_status(self.socket_path, timeout=self.timeout)
+            except (OSError, TimeoutError, ValueError) as exc:
+                self.unanswered(str(exc) or type(exc).__name__)
+            else:
+                self.answered(status)
+            await asyncio.sleep(self.interval)
+
+    def unanswered(self, why: str) -> None:
+        """One poll got no status."""
+        now = self.clock()
+        if self._silent_since is None:
+            self._silent_since = now
+        if self.attached and self.leaving:
+            self.attached = False
+            logger.info("trainer at {} left the job on request", self.socket_path)
+            self._events.append(
+                p.Event(kind=p.Text("trainer_left"), severity=p.Text("info"), source=p.Text("trainer"),
+                        message=p.Text("the local trainer left the job on request"))
+            )
+            if self.status is not None:
+                self.status.phase = p.Text("left")
+            return
+        if self.attached and now - self._silent_since >= self.grace:
+            self.attached = False
+            logger.warning("trainer at {} stopped answering for {:.0f} s: {}", self.socket_path, now - self._silent_since, why)
+            self._events.append(
+                p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
+                        message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s ({why})"))
+            )
+            if self.status is not None:
+                self.status.phase = p.Text("gone")
+
+    def answered(self, status: p.TrainerStatus) -> None:
+        """One poll got a status: relay it, and its new events once."""
+        from gridwatch.wire.control import events_after
+
+        self._silent_since = None
+        if not self.attached:
+            self.leaving = False  # a trainer (again): its next silence is a fault
+            logger.info("trainer attached at {}", self.socket_path)
+        self.attached = True
+        self.last_ok = time.time()
+        fresh = events_after(status, self._seen_event_seq)
+        if fresh:
+            self._seen_event_seq = max(e.seq for e in fresh)
+            # Re-numbered when the agent publishes them into its own stream.
+            self._events.extend(fresh)
+        status.events = []  # relayed once as events, not again in every sample
+        self.status = status

@@ -1,0 +1,63 @@
+"""The ``gridwatch`` command: one entry point, a subcommand per job.
+
+Each area registers its own subcommands; heavy imports (textual, torch) happen
+only inside the subcommand that needs them, so ``gridwatch --help`` is instant
+and the agent runs on a node without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+
+from gridwatch.wire.exitcodes import EXIT_ERROR
+
+# Modules that each expose ``register(subparsers)``; order is the order in --help.
+_COMMAND_MODULES = (
+    "gridwatch.agent.cli",  # agent
+    "gridwatch.console.cli.commands",  # tail, keys
+    "gridwatch.console.cli.ui",  # console
+    "gridwatch.relay.cli",  # relay
+    "gridwatch.playbooks.cli",  # playbook
+    "gridwatch.console.cli.train",  # train
+    "gridwatch.console.cli.preflight",  # preflight
+    "gridwatch.console.cli.demo",  # demo, fault
+)
+
+
+
+def _version() -> str:
+    try:
+        return version("gridwatch")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gridwatch",
+        description="The on-call console for large GPU training runs.",
+    )
+    parser.add_argument("--version", action="version", version=f"gridwatch {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_ERROR
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,527 @@
+"""Which of several consoles acts: an etcd lease on one key, its fencing token, and the step outcomes it publishes.
+
+Consoles campaign on ``/gridwatch/<cluster>/leader`` with a lease (``ttl``
+seconds, renewed every ``ttl/3``); the one whose put created the key leads, and
+its fencing token is the key's ``mod_revision`` (the revision its put made; a
+later leader's is always higher, so agents can refuse an older one). The leader publishes each step's
+state under ``/gridwatch/<cluster>/steps/<incident>/<index>``; observers read
+that prefix to show the leader's outcomes, and a console that takes over starts
+from it (an agent answers a repeated step key with its first outcome, so a step
+that was under way when the leader died is not done twice).
+
+A leader whose lease cannot be renewed steps down when the lease would have
+lapsed: it never acts on a lease it cannot prove. Talks to etcd's v3 JSON
+gateway (``POST /v3/...``, keys base64) with the standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+if TYPE_CHECKING:
+    from gridwatch.console.runtime.core import ConsoleRuntime, RuntimeOptions
+
+# Lease length; renewed every third of it, so one missed renewal does not cost the lead.
+DEFAULT_TTL = 5.0
+# One HTTP call to etcd may take this long before it counts as unreachable.
+REQUEST_TIMEOUT = 2.0
+
+
+class EtcdError(RuntimeError):
+    """etcd did not answer or refused; the message says which endpoint and why."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode(errors="replace")
+
+
+def prefix_end(prefix: str) -> str:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix`` (etcd's rule)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+@dataclass(slots=True)
+class KeyValue:
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+class EtcdClient:
+    """The few calls of etcd's v3 JSON gateway an election needs; each blocks, so callers run it in a thread."""
+
+    def __init__(self, endpoints: list[str], timeout: float = REQUEST_TIMEOUT) -> None:
+        if not endpoints:
+            raise ValueError("no etcd endpoint given")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.timeout = timeout
+        self._good = 0  # the endpoint that answered last is asked first
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers; EtcdError when none does."""
+        errors = []
+        order = self.endpoints[self._good:] + self.endpoints[:self._good]
+        for endpoint in order:
+            request = urllib.request.Request(f"{endpoint}/v3/{path}", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as reply:  # noqa: S310 - http(s) only
+                    data = json.loads(reply.read() or b"{}")
+            except urllib.error.HTTPError as exc:
+                detail = exc.read()[:300].decode(errors="replace")
+                raise EtcdError(f"etcd at {endpoint} refused {path}: HTTP {exc.code} {detail}") from None
+            except (OSError, ValueError) as exc:
+                errors.append(f"{endpoint}: {getattr(exc, 'reason', None) or exc}")
+                continue
+            self._good = self.endpoints.index(endpoint)
+            if isinstance(data, dict) and "error" in data and "result" not in data:
+                raise EtcdError(f"etcd at {endpoint} refused {path}: {data.get('message') or data['error']}")
+            return data if isinstance(data, dict) else {}
+        raise EtcdError(f"etcd unreachable ({'; '.join(errors)})")
+
+    def grant(self, ttl: float) -> int:
+        """A new lease of ``ttl`` seconds (rounded up); its id."""
+        return int(self.call("lease/grant", {"TTL": max(int(ttl + 0.999), 1)})["ID"])
+
+    def keepalive(self, lease: int) -> int:
+        """Renew ``lease``; the seconds it has left (0: it lapsed, etcd forgot it)."""
+        data = self.call("lease/keepalive", {"ID": lease})
+        return int(data.get("result", data).get("TTL", 0))
+
+    def revoke(self, lease: int) -> None:
+        self.call("lease/revoke", {"ID": lease})
+
+    def create(self, key: str, value: str, lease: int) -> tuple[bool, int]:
+        """Put ``key`` only if it does not exist; (created, the revision of the store then)."""
+        data = self.call("kv/txn", {
+            "compare": [{"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}],
+        })
+        return bool(data.get("succeeded")), int(data.get("header", {}).get("revision", 0))
+
+    def replace(self, key: str, mod_revision: int, value: str, lease: int) -> tuple[bool, int]:
+        """Put ``key`` (on ``lease``) only if it is still as it was at ``mod_revision`` (a takeover); as ``create``.
+
+        One put, not a delete and a put: etcd refuses a transaction that names a key twice.
+        """
+        data = self.call("kv/txn", {
+            "compare": [{"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease}}],
+        })
+        return bool(data.get("succeeded")), int(data.get("header", {}).get("revision", 0))
+
+    def put(self, key: str, value: str, lease: int = 0) -> None:
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = lease
+        self.call("kv/put", body)
+
+    def get(self, key: str, prefix: bool = False) -> list[KeyValue]:
+        body: dict[str, Any] = {"key": _b64(key)}
+        if prefix:
+            body["range_end"] = prefix_end(key)
+        kvs = self.call("kv/range", body).get("kvs", [])
+        return [KeyValue(key=_unb64(kv["key"]), value=_unb64(kv.get("value", "")),
+                         create_revision=int(kv.get("create_revision", 0)), mod_revision=int(kv.get("mod_revision", 0)),
+                         lease=int(kv.get("lease", 0))) for kv in kvs]
+
+
+class Role(StrEnum):
+    """Where this console stands."""
+
+    LEADER = "leader"  # holds the lease: its executor acts, with its fencing token
+    OBSERVER = "observer"  # another console leads (or none can be known): the engine runs, nothing acts
+    ALONE = "alone"  # no etcd configured: its own leader, as one console always was
+
+
+@dataclass(slots=True)
+class Standing:
+    """What the election last found; ``line`` is what a headless console prints when it changes."""
+
+    role: Role
+    token: int | None = None  # the fencing token while leading
+    leader: str = ""  # who leads, when known
+    reason: str = ""  # why no one acts, when that is so
+
+    @property
+    def line(self) -> str:
+        if self.role is Role.LEADER:
+            return f"leader (token {self.token})"
+        if self.role is Role.ALONE:
+            return "leader (no etcd: this console is the only one)"
+        if self.leader:
+            return f"observer; {self.leader} leads"
+        return f"observer; no console acts: {self.reason or 'no leader yet'}"
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """One step as the leader published it."""
+
+    incident: str
+    index: int
+    state: str
+    outcome: str
+
+
+class Election:
+    """Campaign for (or watch) the lead of one cluster; ``run`` until cancelled.
+
+    ``campaign=False``: watch only, until :meth:`take_over` (an interactive
+    console joining a cluster that a service runs). ``on_change`` hears each
+    new :class:`Standing`; ``on_lead`` is awaited each time this console becomes leader.
+    """
+
+    def __init__(self, client: EtcdClient, cluster: str, name: str, *, ttl: float = DEFAULT_TTL,
+                 campaign: bool = True, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.name = name
+        self.ttl = ttl
+        self.campaign = campaign
+        self.monotonic = monotonic
+        self.key = f"/gridwatch/{cluster}/leader"
+        self.steps_prefix = f"/gridwatch/{cluster}/steps/"
+        self.standing = Standing(Role.OBSERVER, reason="not yet asked etcd")
+        self.on_change: list[Callable[[Standing], None]] = []
+        self.on_lead: list[Callable[[], Any]] = []
+        self._lease = 0
+        self._deadline = 0.0  # monotonic time the lease lapses unless renewed
+        self._seen: KeyValue | None = None  # the leader key as last read
+        self._wake = asyncio.Event()
+        self._publishing: set[asyncio.Task[None]] = set()
+        self._held: int | None = None
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def leading(self) -> bool:
+        """True while this console holds an unexpired lease: only then may its executor start a step."""
+        return self.standing.role is Role.LEADER and self.monotonic() < self._deadline
+
+    @property
+    def token(self) -> int | None:
+        return self.standing.token if self.standing.role is Role.LEADER else None
+
+    @property
+    def fence(self) -> int | None:
+        """The newest token this console has held: what its requests carry, even after it stepped down."""
+        return self._held
+
+    # ----------------------------------------------------------------- running
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._round()
+                self._wake.clear()
+                wait = self.ttl / 3
+                if self.standing.role is Role.LEADER:
+                    wait = min(wait, max(self._deadline - self.monotonic(), 0.01))  # step down on time
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except TimeoutError:
+                    pass
+        finally:
+            await self._resign()
+
+    async def take_over(self) -> None:
+        """The operator takes the lead from whoever holds it (the confirmation and the audit are the caller's)."""
+        self.campaign = True
+        current = self._seen
+        if self.standing.role is Role.LEADER:
+            return
+        lease = await self._ensure_lease()
+        if current is None:
+            won, revision = await asyncio.to_thread(self.client.create, self.key, self.name, lease)
+        else:
+            won, revision = await asyncio.to_thread(self.client.replace, self.key, current.mod_revision,
+                                                    self.name, lease)
+        if won:
+            await self._lead(revision)
+        self._wake.set()
+
+    async def _ensure_lease(self) -> int:
+        if not self._lease:
+            asked = self.monotonic()
+            self._lease = await asyncio.to_thread(self.client.grant, self.ttl)
+            self._deadline = asked + self.ttl
+        return self._lease
+
+    async def _round(self) -> None:
+        now = self.monotonic()
+        if self.standing.role is Role.LEADER and now >= self._deadline:
+            # Checked before asking etcd: a console paused past its lease must not act on it.
+            self._lease = 0
+            self._set(Standing(Role.OBSERVER, reason="this console's lease lapsed"))
+        try:
+            if self.standing.role is Role.LEADER:
+                await self._renew()
+            elif self.campaign:
+                await self._try_lead()
+            else:
+                await self._look()
+        except EtcdError as exc:
+            if self.standing.role is Role.LEADER and self.monotonic() < self._deadline:
+                logger.warning("cannot renew the lead ({}); stepping down in {:.1f} s unless etcd answers",
+                               exc, self._deadline - self.monotonic())
+                return
+            self._lease = 0
+            self._set(Standing(Role.OBSERVER, reason=str(exc)))
+
+    async def _renew(self) -> None:
+        asked = self.monotonic()
+        left = await asyncio.to_thread(self.client.keepalive, self._lease)
+        mine = await asyncio.to_thread(self.client.get, self.key)
+        # The key as this console put it: a takeover's put moves its mod_revision past our token.
+        if left <= 0 or not mine or mine[0].mod_revision != self.standing.token:
+            self._lease = 0
+            self._seen = mine[0] if mine else None
+            who = mine[0].value if mine else ""
+            self._set(Standing(Role.OBSERVER, leader=who, reason="this console's lease lapsed"))
+            return
+        self._deadline = asked + min(left, self.ttl)
+
+    async def _try_lead(self) -> None:
+        lease = await self._ensure_lease()
+        if self.monotonic() >= self._deadline:
+            self._lease = 0  # an old lease, unrenewed: etcd may have dropped it
+            lease = await self._ensure_lease()
+        won, revision = await asyncio.to_thread(self.client.create, self.key, self.name, lease)
+        if won:
+            await self._lead(revision)
+            return
+        # Not ours: keep the lease alive for the next try, and say who leads.
+        asked = self.monotonic()
+        left = await asyncio.to_thread(self.client.keepalive, lease)
+        if left > 0:
+            self._deadline = asked + min(left, self.ttl)
+        else:
+            self._lease = 0
+        await self._look()
+
+    async def _look(self) -> None:
+        found = await asyncio.to_thread(self.client.get, self.key)
+        self._seen = found[0] if found else None
+        if self._seen is None:
+            why = "no console leads" + ("" if self.campaign else "; take over to act from this one")
+            self._set(Standing(Role.OBSERVER, reason=why))
+        else:
+            self._set(Standing(Role.OBSERVER, leader=self._seen.value))
+
+    async def _lead(self, revision: int) -> None:
+        self._seen = KeyValue(self.key, self.name, revision, revision, self._lease)
+        self._held = revision
+        self._set(Standing(Role.LEADER, token=revision, leader=self.name))
+        for call in self.on_lead:
+            result = call()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _resign(self) -> None:
+        """Stopping: give the lead up at once so a standby need not wait for the lease to lapse."""
+        if self.standing.role is Role.LEADER:
+            self._set(Standing(Role.OBSERVER, reason="this console stopped"))
+        if self._lease:
+            lease, self._lease = self._lease, 0
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.client.revoke, lease), self.client.timeout)
+            except (EtcdError, TimeoutError):
+                pass  # it lapses on its own
+
+    def _set(self, standing: Standing) -> None:
+        if standing == self.standing:
+            return
+        self.standing = standing
+        logger.info("etcd {}: {}", self.key, standing.line)
+        for call in self.on_change:
+            call(standing)
+
+    # -------------------------------------------------------------- step outcomes
+
+    def publish_step(self, incident: str, index: int, state: str, outcome: str) -> None:
+        """The leader tells observers (and its successor) how a step went; sent in the background."""
+        if self.standing.role is not Role.LEADER:
+            return
+        key = f"{self.steps_prefix}{incident}/{index}"
+        value = json.dumps({"state": state, "outcome": outcome[:500], "token": self.standing.token})
+        task = asyncio.get_running_loop().create_task(self._put(key, value))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _put(self, key: str, value: str) -> None:
+        try:
+            await asyncio.to_thread(self.client.put, key, value)
+        except EtcdError as exc:
+            logger.warning("step outcome not published to etcd: {}", exc)
+
+    async def flush(self) -> None:
+        """Wait for the outcomes being published (before a takeover reads them back, or at a stop)."""
+        if self._publishing:
+            await asyncio.gather(*self._publishing, return_exceptions=True)
+
+    async def step_outcomes(self) -> list[StepOutcome]:
+        """Every step outcome the leaders published for this cluster; EtcdError when etcd cannot be read."""
+        found = await asyncio.to_thread(self.client.get, self.steps_prefix, True)
+        out = []
+        for kv in found:
+            incident, _, index = kv.key[len(self.steps_prefix):].rpartition("/")
+            try:
+                data = json.loads(kv.value)
+                out.append(StepOutcome(incident, int(index), str(data["state"]), str(data.get("outcome", ""))))
+            except (ValueError, KeyError, TypeError):
+                logger.warning("ignored a step outcome in etcd that is not ours: {}", kv.key)
+        return out
+
+
+# ------------------------------------------------------------------ the runtime's side
+
+
+def cluster_name(endpoints: list[Any]) -> str:
+    """A name the consoles of one node list agree on without being told one."""
+    text = ",".join(sorted(str(e) for e in endpoints))
+    return "nodes-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def attach_election(runtime: ConsoleRuntime, options: RuntimeOptions) -> Election:
+    """``runtime`` campaigns for (or watches) its cluster's lead in etcd; its executor starts steps only while leading."""
+    client = EtcdClient(options.etcd)
+    name = f"{options.operator}@{socket.gethostname()}:{os.getpid()}"
+    # Named by every node it watches, direct or through a relay: consoles of one cluster share one name.
+    nodes = [*options.endpoints, *(n for carried in options.relays.values() for n in carried)]
+    election = Election(client, options.cluster or cluster_name(nodes), name, ttl=options.lease_ttl,
+                        campaign=options.campaign and not options.read_only)
+    runtime.election = election
+    from gridwatch.playbooks.executor import Executor
+
+    executor = runtime.executor
+    if isinstance(executor, Executor):
+        executor.gate = lambda: None if election.leading else f"this console does not lead ({election.standing.line})"
+        executor.on_step.append(lambda step, state, outcome: election.publish_step(
+            step.incident, step.index, state, outcome))
+    said: list[str] = []
+
+    def changed(standing: Standing) -> None:
+        # Observers say why no one acts; the alert is cleared only if it is still the one raised here.
+        line = f"no console acts: {standing.reason}" if standing.role is Role.OBSERVER and not standing.leader else None
+        if line is not None or (said and runtime.alert == said[-1]):
+            runtime.set_alert(line)
+        said[:] = [line] if line else []
+
+    election.on_change.append(changed)
+    election.on_lead.append(lambda: take_lead(runtime, election))
+    return election
+
+
+async def sync_steps(runtime: ConsoleRuntime, election: Election) -> int:
+    """Copy the leader's step outcomes into this console's incident store; how many steps changed."""
+    store = runtime.plan_store
+    if store is None:
+        return 0
+    changed = 0
+    for found in await election.step_outcomes():
+        step_id = f"{found.incident}/{found.index}"
+        record = store.step(step_id)
+        # "running" stays planned here: whoever leads next sends it again under its key, and the agent
+        # answers with the first outcome if it was done.
+        if record is None or found.state == "running" or (record.state, record.outcome) == (found.state, found.outcome):
+            continue
+        store.set_step(step_id, found.state, found.outcome)
+        runtime._settle(found.incident)
+        changed += 1
+    return changed
+
+
+def observer_refusal(election: Election | None) -> str | None:
+    """Why this console may not act on a node now (one line), or None when it leads or is alone.
+
+    An observer acts on nothing, an operator's own node actions included, until it
+    takes over: a request it sent with an older token would be refused by the agents anyway.
+    """
+    if election is None or election.leading:
+        return None
+    standing = election.standing
+    if standing.role is Role.LEADER:  # lapsed, and the election has not run since (a paused process)
+        return "observer: this console's lease lapsed; take over to act"
+    if standing.leader and standing.leader != election.name:
+        return f"observer: {standing.leader} leads; take over to act"
+    return f"observer: no console acts ({standing.reason or 'no leader yet'}); take over to act"
+
+
+async def take_over(runtime: ConsoleRuntime, why: str, who: str | None = None) -> str:
+    """The operator takes the lead for this console, audited before and after; the outcome in one line.
+
+    The audit says who, why, whom the lead was taken from and the new fencing token.
+    """
+    election = runtime.election
+    if election is None:
+        return "nothing to take over: this console has no etcd and leads alone"
+    if election.leading:
+        return f"this console leads already ({election.standing.line})"
+    who = who or runtime.operator
+    old = election.standing.leader or "no console"
+    what = f"take over the lead of {election.cluster} from {old}"
+    runtime._audit(who, what, why, "before", "")
+    try:
+        await election.take_over()
+    except EtcdError as exc:
+        outcome = f"failed: {exc}"
+    else:
+        if election.leading:
+            outcome = f"done: leader (token {election.token}), taken from {old}"
+        else:
+            outcome = f"failed: {election.standing.leader or 'another console'} took the lead first"
+    runtime._audit(who, what, why, "after", outcome)
+    logger.info("{} by {}: {} ({})", what, who, outcome, why)
+    return f"take over: {outcome}"
+
+
+async def take_lead(runtime: ConsoleRuntime, election: Election) -> None:
+    """Just won the lead: start from what the last leader published, then finish every open plan."""
+    try:
+        await sync_steps(runtime, election)
+    except EtcdError as exc:
+        logger.warning("taking the lead without the last leader's step outcomes: {}", exc)
+    if runtime.executor is not None:
+        task = asyncio.get_running_loop().create_task(runtime._resume(runtime.executor.resume))
+        runtime._tasks.add(task)
+        task.add_done_callback(runtime._tasks.discard)
+
+
+async def follow(runtime: ConsoleRuntime, election: Election) -> None:
+    """The runtime's election, and while observing, the leader's outcomes copied in every ``ttl/3``."""
+    runner = asyncio.get_running_loop().create_task(election.run())
+    try:
+        while not runner.done():
+            if not election.leading:
+                try:
+                    await sync_steps(runtime, election)
+                except EtcdError:
+                    pass  # the standing says etcd is unreachable
+            await asyncio.wait({runner}, timeout=election.ttl / 3)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await election.flush()

@@ -1,0 +1,346 @@
+"""The Textual app of ``gridwatch console``: views over the state store, redrawn on a timer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from loguru import logger
+from rich.text import Text
+from textual import events
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Input
+
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.runtime.leader import take_over
+from gridwatch.console.tui.screens import (
+    CommandLine,
+    FleetScreen,
+    IncidentsScreen,
+    KeysScreen,
+    LogsScreen,
+    NodeScreen,
+    TrainingScreen,
+    ViewScreen,
+)
+from gridwatch.console.tui.screens.command_line import COMMANDS, Command, Verb, parse_command, usage_line
+from gridwatch.console.tui.screens.confirm import Confirmed, ConfirmScreen
+from gridwatch.sshlink.hostlist import HostlistError, expand
+
+VIEWS: dict[str, type[ViewScreen]] = {
+    Verb.LOGS: LogsScreen,
+    Verb.INCIDENTS: IncidentsScreen,
+    Verb.TRAINING: TrainingScreen,
+}
+# Keys that end the command line: what follows them in a burst belongs to the view beneath.
+_LINE_ENDING_KEYS = frozenset({"enter", "escape"})
+
+
+class GridwatchApp(App[None]):
+    """Bindings and navigation; every view reads the store on one 1 Hz tick, never per frame."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gridwatch"
+    BINDINGS = [
+        Binding("question_mark", "keys", "Keys"),
+        Binding("colon", "command_line", "Command"),
+        # Offered only to an observer of a cluster whose consoles share the acting (etcd).
+        Binding("L", "take_over", "Take over"),
+        Binding("escape", "back", "Back"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, runtime: ConsoleRuntime, *, tick_seconds: float = 1.0, start_runtime: bool = True) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.tick_seconds = tick_seconds
+        self.start_runtime = start_runtime
+        self.note = ""  # the outcome of the last operator action, shown in the status bar
+        self.preflight_running = False
+        self._held: list[events.Key | events.Paste] = []  # typed after ``:``, before its field had focus
+        self._line_ending = False  # Enter or Escape went to a line whose command has not run yet
+        self._stuck_timer: Timer | None = None
+        self._role_shown: tuple[str, bool] | None = None  # this console's standing among several, as last drawn
+        self._drawn_at = float("-inf")  # monotonic time of the view's last redraw on the tick
+
+    def get_default_screen(self) -> Screen:
+        return FleetScreen()
+
+    def on_mount(self) -> None:
+        self.set_interval(self.tick_seconds, self.tick)
+        if self.start_runtime:
+            self.run_worker(self.runtime.start(), name="fleet", exit_on_error=False)
+
+    async def on_unmount(self) -> None:
+        if self.start_runtime:
+            await self.runtime.stop()
+
+    def tick(self) -> None:
+        """Run the engine's clock rules (unless the runtime runs them itself), then redraw the topmost view."""
+        if not self.runtime.ticking:
+            self.runtime.tick_engine()
+        election = self.runtime.election
+        role = (election.standing.line, election.leading) if election is not None else None
+        if role != self._role_shown:
+            self._role_shown = role
+            self.refresh_bindings()  # the take-over key is offered to an observer only
+        now = time.monotonic()
+        every = self.redraw_every()
+        if every > self.tick_seconds and now - self._drawn_at < every - 0.05:
+            return  # a tick between two redraws of a fleet whose summaries come slower than the tick
+        self._drawn_at = now
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, ViewScreen):
+                screen.tick()
+                break
+
+    def redraw_every(self) -> float:
+        """Seconds between redraws of the view: each tick, or half the summaries' cadence when they come slower.
+
+        A fleet large enough for summaries every 5 s changes a fifth of its nodes a second; redrawing it
+        every 2.5 s shows the same news for half the painting. Keys redraw at once whatever this says.
+        """
+        options = getattr(self.runtime.fleet, "options", None)
+        every = float(getattr(options, "summary_every", 0.0) or 0.0)
+        return max(self.tick_seconds, every / 2)
+
+    def open_incident_count(self) -> int:
+        backend = self.runtime.incidents
+        if backend is None:
+            return 0
+        return sum(1 for row in backend.incidents() if row.state == "open")
+
+    # ------------------------------------------------------------- navigation
+
+    def action_keys(self) -> None:
+        if not isinstance(self.screen, KeysScreen):
+            self.push_screen(KeysScreen(self.screen))
+
+    def action_command_line(self) -> None:
+        self.push_screen(CommandLine(), self.run_command)
+
+    async def action_back(self) -> None:  # async, as the App action it overrides
+        if len(self.screen_stack) > 1 and isinstance(self.screen, ViewScreen):
+            self.pop_screen()
+
+    def _home(self) -> None:
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def show_view(self, name: str) -> None:
+        """k9s-style: a view replaces whatever was above the fleet view."""
+        self._home()
+        if name in VIEWS:
+            self.push_screen(VIEWS[name]())
+
+    def open_node(self, name: str) -> None:
+        if isinstance(self.screen, NodeScreen):
+            self.pop_screen()
+        self.push_screen(NodeScreen(name))
+
+    def run_command(self, command: str | None) -> None:
+        """Run what was typed after ``:``; an unknown command says so in the status bar."""
+        if self._line_ending:
+            # Keys typed after this line belong to what the command opens: hand them on after it.
+            self._line_ending = False
+            if self._stuck_timer is not None:
+                self._stuck_timer.stop()
+            self.call_later(self._release_held)
+        if not command:
+            return
+        parsed = parse_command(command)
+        if parsed is None:
+            self.set_note(f"unknown command :{command} (try {usage_line(self.offers)})")
+            return
+        entry, rest = parsed
+        if entry.verb is Verb.NODE:
+            if self.runtime.store.by_name(rest) is None:
+                self.set_note(f"no node called {rest!r}")
+                return
+            self.open_node(rest)
+        else:
+            self._verb_action(entry.verb, rest)()
+
+    def _verb_action(self, verb: Verb, rest: str = "") -> Callable[[], None]:
+        """What a command without a node name does: one place for the ``:`` line and the palette."""
+        if verb is Verb.PREFLIGHT:
+            return lambda: self.run_preflight(rest or None)
+        if verb is Verb.QUIT:
+            return self.exit
+        if verb is Verb.TAKEOVER:
+            return self.action_take_over
+        return lambda: self.show_view(verb)
+
+    def set_note(self, note: str) -> None:
+        self.note = note
+        self.tick()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for entry in COMMANDS:
+            if entry.palette and self.offers(entry):
+                yield SystemCommand(entry.palette, entry.help[0].upper() + entry.help[1:], self._verb_action(entry.verb))
+
+    # ------------------------------------------------------------ typing ahead
+
+    def _holding_keys(self) -> bool:
+        """Hold keys while a line's field has no focus yet, while its command has not run, or older keys wait."""
+        screen = self.screen
+        return bool(self._held) or self._line_ending or (isinstance(screen, CommandLine) and not screen.taking_keys)
+
+    async def on_event(self, event: events.Event) -> None:
+        """Keys typed straight after ``:`` reach the command line in order, as in k9s (a paste too).
+
+        A key goes first to the focused widget and comes back to the app's bindings
+        only later, behind keys already queued; so ``:`` opens the line here, on
+        arrival, and what follows waits until the line's field has focus (and, after
+        Enter, until the command has run and opened its view).
+        """
+        if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
+            if self._holding_keys():
+                self._held.append(event)
+                return
+            await self._deliver(event)
+            return
+        await super().on_event(event)
+
+    async def _deliver(self, event: events.Key | events.Paste) -> None:
+        """Deliver a key as Textual would, except that ``:`` opens the line at once and Enter or
+        Escape on the line holds what follows until the line's command has run."""
+        if isinstance(event, events.Key):
+            if event.key == "colon" and not isinstance(self.focused, Input):
+                self.action_command_line()
+                return
+            if event.key in _LINE_ENDING_KEYS and isinstance(self.screen, CommandLine):
+                self._line_ending = True
+                # A safety net: should the line not close, the held keys are not held for ever.
+                self._stuck_timer = self.set_timer(1.0, self._release_stuck)
+        await super().on_event(event)
+
+    def _release_stuck(self) -> None:
+        if self._line_ending:
+            self._line_ending = False
+            self.call_later(self._release_held)
+
+    def on_command_line_ready(self, _: CommandLine.Ready) -> None:
+        self.call_later(self._release_held)
+
+    async def _release_held(self) -> None:
+        """Hand held keys on as if they arrived now; after one that ends the line, wait until its command ran."""
+        while self._held and not self._line_ending:
+            screen = self.screen
+            if isinstance(screen, CommandLine) and not screen.taking_keys:
+                return  # its Ready message calls this again
+            await self._deliver(self._held.pop(0))
+
+    # --------------------------------------------------------------- actions
+
+    def run_preflight(self, spec: str | None = None) -> None:
+        """Pre-flight the connected nodes (or the node set ``spec``) in the background; progress in the status bar."""
+        if self.preflight_running:
+            self.set_note("pre-flight is already running")
+            return
+        try:
+            nodes = expand(spec) if spec else None
+        except HostlistError as exc:
+            self.set_note(f"pre-flight: bad node set: {exc}")
+            return
+
+        def progress(done: int, total: int) -> None:
+            self.set_note(f"pre-flight: {done}/{total} nodes answered")
+
+        async def go() -> None:
+            try:
+                report = await self.runtime.preflight(nodes, progress)
+            except ValueError as exc:
+                self.set_note(f"pre-flight: {exc}")
+                return
+            except Exception as exc:  # noqa: BLE001 - shown to the operator; the console keeps going
+                logger.exception("pre-flight failed")
+                self.set_note(f"pre-flight could not run: {type(exc).__name__}: {exc}")
+                return
+            finally:
+                self.preflight_running = False
+            failed = report.failed
+            outcome = f"pre-flight: {len(report.passed_nodes)} passed, {len(failed)} failed"
+            if failed:
+                outcome += " (" + ", ".join(sorted(failed)[:5]) + (" …" if len(failed) > 5 else "") + ")"
+            self.set_note(outcome)
+
+        self.preflight_running = True
+        self.set_note("pre-flight: starting")
+        self.run_worker(go(), group="preflight")
+
+    def offers(self, entry: Command) -> bool:
+        """Whether this console offers a ``:`` command: take over only where consoles share the acting."""
+        return entry.verb is not Verb.TAKEOVER or self.runtime.election is not None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "take_over":
+            election = self.runtime.election
+            return election is not None and not election.leading and not self.runtime.read_only_flag
+        return True
+
+    def action_take_over(self) -> None:
+        """Take the acting over from the console that leads: confirmed, with a reason, audited."""
+        election = self.runtime.election
+        if election is None:
+            self.set_note("nothing to take over: this console has no etcd and leads alone")
+            return
+        if election.leading:
+            self.set_note(f"this console leads already ({election.standing.line})")
+            return
+        leader = election.standing.leader or "no console"
+        what = Text.assemble("take the acting over from ", (leader, "bold"),
+                             ": this console's playbooks and actions act from now on, and the agents refuse "
+                             "requests from the console that led")
+
+        def done(result: Confirmed | None) -> None:
+            if result is None:
+                return
+            if not result.reason:
+                self.set_note("take over: give a reason (it goes to the audit log)")
+                return
+
+            async def go() -> None:
+                self.set_note(await take_over(self.runtime, result.reason))
+
+            self.set_note("take over: asking etcd")
+            self.run_worker(go(), group="take-over")
+
+        self.push_screen(ConfirmScreen("Confirm take over", what), done)
+
+    def run_node_action(self, node: str, action: str, reason: str) -> None:
+        """Send a confirmed action to a node in the background; its outcome lands in the status bar."""
+
+        async def go() -> None:
+            result = await self.runtime.node_action(node, action, reason)
+            outcome = "ok" if result.ok else f"failed: {result.message}"
+            self.set_note(f"{action} on {node}: {outcome}")
+
+        self.set_note(f"{action} on {node}: sent")
+        self.run_worker(go(), group="node-action")
+
+    def run_incident_action(self, incident_id: str, what: str, reason: str, seconds: float | None) -> None:
+        """Acknowledge, silence or act on an incident, already confirmed by the operator."""
+
+        async def go() -> None:
+            try:
+                if what == "acknowledge":
+                    self.runtime.acknowledge(incident_id, reason)
+                    self.set_note(f"incident {incident_id} acknowledged")
+                elif what == "silence":
+                    self.runtime.silence(incident_id, seconds or 3600.0, reason)
+                    self.set_note(f"incident {incident_id} silenced")
+                else:
+                    self.set_note(f"incident {incident_id}: {await self.runtime.act_on_incident(incident_id, reason)}")
+            except (PermissionError, KeyError) as exc:
+                self.set_note(f"{what} refused: {exc}")
+            except Exception as exc:  # noqa: BLE001 - shown to the operator; the console keeps going
+                logger.exception("incident action failed")
+                self.set_note(f"{what} failed: {type(exc).__name__}: {exc}")
+
+        self.run_worker(go(), group="incident-action")

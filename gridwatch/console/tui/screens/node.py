@@ -1,0 +1,425 @@
+"""One node up close: per-GPU rows with sparklines, host sparklines, patrol and pre-flight, events, live log."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from gridwatch.console.fleet.prometheus import HistoryWindow, NodeHistory, Panel
+from gridwatch.console.fleet.state import (
+    GPU_MEM,
+    GPU_POWER,
+    GPU_TEMP,
+    GPU_UTIL,
+    HOST_CPU,
+    HOST_MEM,
+    HOST_RX,
+    HOST_TX,
+    CheckVerdict,
+    NodeState,
+    PatrolStatus,
+    event_text,
+)
+from gridwatch.console.tui.screens.base import ViewScreen
+from gridwatch.console.tui.screens.confirm import Confirmed, ConfirmScreen
+from gridwatch.console.tui.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline
+from gridwatch.console.tui.widgets.text_table import Cell
+from gridwatch.playbooks.durations import format_duration
+from gridwatch.playbooks.history import LEMON_AT, TrackRecord
+from gridwatch.wire.protocol import IbPortSample
+
+SPARK = 16
+GPU_COLUMNS = [
+    Column("gpu", "GPU", 3, "right"),
+    Column("name", "NAME", 18),
+    Column("util", "UTIL %", 5 + SPARK),
+    Column("temp", "TEMP °C", 5 + SPARK),
+    Column("power", "POWER W", 5 + SPARK),
+    Column("mem", "MEM %", 5 + SPARK),
+    Column("throttle", "THROTTLE", 16),
+    Column("ecc", "ECC s/d", 7),
+    Column("xid", "XID", 4, "right"),
+    Column("state", "STATE", 6),
+]
+EVENT_COLUMNS = [
+    Column("time", "TIME", 8),
+    Column("sev", "SEV", 8),
+    Column("what", "EVENT", 80),
+]
+LOG_COLUMNS = [
+    Column("time", "TIME", 8),
+    Column("source", "SOURCE", 16),
+    Column("line", "LINE", 140),
+]
+SEVERITY_STYLES = {
+    "critical": Style(color="red", bold=True, reverse=True),
+    "error": Style(color="red", bold=True),
+    "warning": Style(color="yellow"),
+    "info": Style(color="cyan"),
+}
+_BAD = Style(color="red", bold=True)
+_GOOD = Style(color="green")
+_MUTED = Style(color="grey50")
+
+
+def clock_time(ts: float) -> str:
+    """Local HH:MM:SS of a timestamp."""
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
+
+
+def _value_spark(now: float | None, series: list[float], fmt: str, lo: float | None, hi: float | None) -> str:
+    value = "N/A" if now is None else format(now, fmt)
+    return f"{value:>4} " + sparkline(series, SPARK, lo, hi)
+
+
+def squeeze(values: list[float], width: int) -> list[float]:
+    """``values`` averaged into ``width`` buckets (NaN where a bucket has no data), for a sparkline of a long past."""
+    if len(values) <= width:
+        return values
+    out = []
+    for i in range(width):
+        part = [v for v in values[i * len(values) // width:(i + 1) * len(values) // width] if not math.isnan(v)]
+        out.append(sum(part) / len(part) if part else math.nan)
+    return out
+
+
+def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list[list[Cell]], list[str]]:
+    """Per-GPU rows; the sparklines show ``history`` (the past hour or day from Prometheus) when given."""
+    rows: list[list[Cell]] = []
+    keys: list[str] = []
+    sample = node.sample
+    if sample is None:
+        return rows, keys
+    names = {g.index: str(g.name) for g in node.hello.gpus} if node.hello else {}
+    for gpu in sample.gpus:
+        hist = node.gpu_history[gpu.index] if gpu.index < len(node.gpu_history) else None
+        series = (lambda m: hist.series(m)) if hist else (lambda m: [])  # noqa: E731
+        if history is not None:
+            past = history.gpus.get(gpu.index)
+            series = (lambda m: squeeze(past[m], SPARK)) if past else (lambda m: [])  # noqa: E731
+        mem = 100.0 * gpu.mem_used_mb / gpu.mem_total_mb if gpu.mem_used_mb is not None and gpu.mem_total_mb else None
+        sbe = "N/A" if gpu.ecc_sbe is None else str(gpu.ecc_sbe)
+        dbe = "N/A" if gpu.ecc_dbe is None else str(gpu.ecc_dbe)
+        xids = node.xids.get(gpu.index, 0)
+        rows.append([
+            (str(gpu.index), None),
+            (names.get(gpu.index, "?"), None),
+            (_value_spark(gpu.util, series(GPU_UTIL), ".0f", 0, 100), None),
+            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95), _BAD if (gpu.temp_c or 0) >= 85 else None),
+            (_value_spark(gpu.power_w, series(GPU_POWER), ".0f", 0, None), None),
+            (_value_spark(mem, series(GPU_MEM), ".0f", 0, 100), None),
+            (",".join(str(t) for t in gpu.throttle), Style(color="yellow") if gpu.throttle else None),
+            (f"{sbe}/{dbe}", _BAD if (gpu.ecc_dbe or 0) > 0 else None),
+            (str(xids), _BAD if xids else None),
+            (str(gpu.state), _BAD if gpu.state != "ok" else None),
+        ])
+        keys.append(str(gpu.index))
+    return rows, keys
+
+
+def host_text(node: NodeState) -> Text:
+    """Host CPU, memory and NIC lines with sparklines."""
+    hist = node.host_history
+    host = node.sample.host if node.sample else None
+    text = Text()
+
+    def line(label: str, now: str, series: list[float], lo: float | None, hi: float | None) -> None:
+        text.append(f"{label:<8}", style="bold")
+        text.append(f"{now:>8} ")
+        text.append(sparkline(series, 48, lo, hi), style="cyan")
+        text.append("\n")
+
+    cpu = "N/A" if host is None or host.cpu_percent is None else f"{host.cpu_percent:.0f}%"
+    mem = "N/A"
+    if host is not None and host.mem_used_mb is not None and host.mem_total_mb:
+        mem = f"{100 * host.mem_used_mb / host.mem_total_mb:.0f}%"
+    rx = sum(n.rx_bps for n in host.nics) if host and host.nics else None
+    tx = sum(n.tx_bps for n in host.nics) if host and host.nics else None
+    line("cpu", cpu, hist.series(HOST_CPU), 0, 100)
+    line("memory", mem, hist.series(HOST_MEM), 0, 100)
+    line("nic rx", format_rate(rx), hist.series(HOST_RX), 0, None)
+    line("nic tx", format_rate(tx), hist.series(HOST_TX), 0, None)
+    if host is not None and host.load1 is not None:
+        text.append(f"load    {host.load1:.2f} {host.load5 or 0:.2f} {host.load15 or 0:.2f}\n")
+    agent = node.sample.agent if node.sample else None
+    if agent is not None:
+        # The agent's own footprint: it should stay cheap, and this shows whether it does.
+        cpu_s = "N/A" if agent.cpu_percent is None else f"{agent.cpu_percent:.1f}%"
+        rss = "N/A" if agent.rss_mb is None else f"{agent.rss_mb:.0f} MB"
+        tick = "N/A" if agent.tick_ms is None else f"{agent.tick_ms:.1f} ms"
+        text.append(f"agent   cpu {cpu_s}  rss {rss}  tick {tick}  clients {agent.clients}")
+        if agent.dropped_frames:
+            text.append(f"  dropped {agent.dropped_frames}", style="bold red")
+    if host is not None and host.ib:
+        text.append("\n")
+        text.append_text(ib_text(host.ib))
+    return text
+
+
+def ib_text(ports: list[IbPortSample]) -> Text:
+    """The InfiniBand table: one line per HCA port (state, rate, traffic, non-zero error counters, growth)."""
+    text = Text()
+    text.append("InfiniBand\n", style="bold")
+    text.append(f"{'PORT':<12}{'STATE':<8}{'RATE':>5} {'LINK':<4} {'RX/TX B/s':<13} ERRORS (+NEW)\n", style="bold")
+    for port in ports:
+        up = port.state == "ACTIVE"
+        rate = "N/A" if port.rate_gbps is None else f"{port.rate_gbps:g}G"
+        layer = {"InfiniBand": "IB", "Ethernet": "RoCE"}.get(str(port.link_layer), str(port.link_layer or "N/A"))
+        traffic = f"{format_rate(port.rx_bps)}/{format_rate(port.tx_bps)}"
+        text.append(f"{str(port.device) + '/' + str(port.port):<12}")
+        text.append(f"{str(port.state or 'N/A'):<8}", style=_GOOD if up else _BAD)
+        text.append(f"{rate:>5} {layer:<4} {traffic:<13} ")
+        errors = [f"{name} {value}" + (f" (+{port.deltas[name]})" if name in port.deltas else "")
+                  for name, value in port.errors.items()]
+        text.append(", ".join(errors) or "-", style=_BAD if port.deltas else (Style(color="yellow") if errors else None))
+        text.append("\n")
+    return text
+
+
+def _check_lines(text: Text, checks: list[CheckVerdict]) -> None:
+    for check in checks:
+        text.append(f"  {check.name:<9}", style="bold")
+        text.append("ok  " if check.ok else "FAIL", style=_GOOD if check.ok else _BAD)
+        text.append(f" {check.detail}\n")
+
+
+def checks_text(node: NodeState, now: float) -> Text:
+    """The node's patrol state and its last pre-flight, each failing check with its one-line reason."""
+    text = Text()
+    text.append("checks\n", style="bold")
+    patrol = node.patrol
+    text.append("patrol     ", style="bold")
+    age = "" if patrol.changed_at is None else f" for {format_age(max(now - patrol.changed_at, 0.0))}"
+    if patrol.status is PatrolStatus.FAILING:
+        text.append(f"FAILING{age}: {', '.join(c.name for c in patrol.failing)}\n", style=_BAD)
+        _check_lines(text, patrol.failing)
+    elif patrol.status is PatrolStatus.OK:
+        text.append(f"ok{age} (recovered)\n", style=_GOOD)
+    else:
+        text.append("no failure reported since connected\n", style=_MUTED)
+    result = node.preflight
+    text.append("preflight  ", style="bold")
+    if result is None:
+        text.append("not run this session (:preflight, or p in the fleet view)\n", style=_MUTED)
+        return text
+    ago = f" {format_age(max(now - result.at, 0.0))} ago"
+    if result.ok:
+        text.append(f"passed{ago}\n", style=_GOOD)
+    else:
+        failing = result.failing
+        what = result.error or f"{len(failing)} of {len(result.checks)} checks failed"
+        text.append(f"FAILED{ago}: {what}\n", style=_BAD)
+    _check_lines(text, result.checks)
+    return text
+
+
+def history_text(history: TrackRecord, limit: int = 8) -> Text:
+    """The node's history: lemon score, mean time between incidents, and its last incidents (kind, GPU, outcome, TTR)."""
+    text = Text()
+    text.append("history", style="bold")
+    lemon = history.lemon
+    text.append(f"  lemon {lemon:.1f}", style=_BAD if lemon >= LEMON_AT else (Style(color="yellow") if lemon >= 1 else None))
+    text.append(f" (fleet median {history.fleet_median:.1f}, 30 days)")
+    mtbi = "N/A" if history.mtbi_s is None else format_duration(history.mtbi_s)
+    text.append(f"  {history.total_incidents} incidents, {history.remediations} remediated, "
+                f"{history.returns} returned  MTBI {mtbi}\n")
+    if history.kept_out:
+        text.append(f"KEPT OUT: {history.kept_out} (I forces the return)\n", style=_BAD)
+    for line in history.incidents[:limit]:
+        gpu = "-" if line.gpu is None else str(line.gpu)
+        ttr = "N/A" if line.ttr is None else format_duration(line.ttr)
+        what = line.kind + (f" {line.code}" if line.code is not None else "")
+        text.append(f"{time.strftime('%m-%d %H:%M', time.localtime(line.at))} {what:<14.14} gpu {gpu:<2} "
+                    f"TTR {ttr:<6} {line.outcome}\n")
+    return text
+
+
+def isolate_effect(action: str, scheduler: str) -> str:
+    """What isolating (or putting back) really does, for the confirm dialog.
+
+    Isolation is gridwatch's own mark, kept by the agent; the scheduler's drain
+    is another thing, made only by a playbook's drain_node step.
+    """
+    if action == "isolate":
+        text = (": gridwatch marks it isolated (kept across agent restarts), its trainer is asked to leave the job, "
+                "and playbooks send it no more job-wide steps")
+        if scheduler != "none":
+            text += f". {scheduler.capitalize()} is not told: only a playbook's drain_node step drains it there"
+        return text
+    text = ": gridwatch clears its isolation mark, so playbooks count it in the job again"
+    if scheduler != "none":
+        text += f"; a {scheduler.capitalize()} drain that gridwatch made is resumed"
+    return text
+
+
+class NodeScreen(ViewScreen):
+    """Opened with enter on a node; streams that node's log lines while open."""
+
+    VIEW_NAME = "node"
+    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint", "force_return"})
+    HISTORY_EVERY = 5.0  # seconds between reads of the node's history from the incident database
+    _history_read = float("-inf")  # when it was last read (the store's clock)
+    BINDINGS = [
+        Binding("i", "isolate", "Isolate/unisolate"),
+        Binding("I", "force_return", "Return, forced", show=False),
+        Binding("c", "checkpoint", "Checkpoint now"),
+        Binding("h", "history", "Live/1h/1d"),
+        Binding("tab", "app.focus_next", "Next pane", show=False),
+    ]
+
+    def __init__(self, node_name: str) -> None:
+        super().__init__()
+        self.node_name = node_name
+        self.window = HistoryWindow.LIVE  # what the GPU sparklines show: live samples, or Prometheus's past
+
+    def compose_view(self) -> ComposeResult:
+        yield TextTable(GPU_COLUMNS, id="gpu-table")
+        with Horizontal(id="node-lower"):
+            with Vertical(id="host-pane"):
+                yield PlainStatic(id="host-panel")
+                yield PlainStatic(id="node-checks")
+                yield PlainStatic(id="node-history")
+            with Vertical(id="node-events-pane"):
+                yield PlainStatic(Text("recent events", style="bold"), classes="pane-title")
+                yield TextTable(EVENT_COLUMNS, id="node-events")
+        yield PlainStatic(Text("live log", style="bold"), classes="pane-title")
+        yield TextTable(LOG_COLUMNS, id="node-log")
+
+    def prepare(self) -> None:
+        self.runtime.subscribe_logs(self.node_name, True)
+        self.query_one("#gpu-table", TextTable).focus()
+
+    def on_unmount(self) -> None:
+        self.runtime.subscribe_logs(self.node_name, False)
+
+    def refresh_view(self) -> None:
+        node = self.store.by_name(self.node_name)
+        if node is None:
+            self.set_title(("gridwatch", "bold"), "  node ", (self.node_name, "bold"), ("  unknown node", "red"))
+            return
+        status = self.store.status(node)
+        parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  node ", (node.name, "bold"), "  ",
+                                              (str(status), "green" if status == "ok" else "bold yellow"),
+                                              f"  seen {format_age(self.store.age(node))} ago"]
+        if node.isolated:
+            parts.append(("  ISOLATED", "bold cyan"))
+        if self.store.stack_mismatch(node):
+            parts.append(("  STACK DIFFERS", "bold magenta"))
+        if node.patrol.status is PatrolStatus.FAILING:
+            parts.append(("  PATROL FAILING", "bold red"))
+        if node.preflight is not None and not node.preflight.ok:
+            parts.append(("  PRE-FLIGHT FAILED", "bold red"))
+        if node.hello is not None:
+            parts.append(f"  agent {node.hello.agent_version}  stack {str(node.hello.stack.hash)[:12]}")
+        if node.role:
+            parts.append(f"  role {node.role}")
+        if node.gaps:
+            parts.append((f"  {node.gaps} frames lost", "bold red"))
+        if node.last_gap:
+            parts.append(("  " + node.last_gap, "red"))
+        if node.foreign_frames:
+            parts.append((f"  {node.foreign_frames} frames claiming another node dropped", "bold red"))
+        error = node.link_error or node.last_error
+        if error:
+            parts.append(("  " + error, "red"))
+        history = self._history_part(parts)
+        self.set_title(*parts)
+        rows, keys = gpu_cells(node, history)
+        self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
+        self.query_one("#host-panel", Static).update(host_text(node))
+        self.query_one("#node-checks", Static).update(checks_text(node, self.store.clock.now()))
+        self._refresh_history()
+        events = list(node.events)[::-1]
+        self.query_one("#node-events", TextTable).set_rows(
+            [[(clock_time(r.event.ts or r.received_at), None),
+              (str(r.event.severity), SEVERITY_STYLES.get(str(r.event.severity))),
+              (event_text(r.event), None)] for r in events],
+            [str(r.seq) for r in events])
+        logs = list(node.logs)
+        log_table = self.query_one("#node-log", TextTable)
+        follow = log_table.cursor >= len(log_table.rows) - 1
+        log_table.set_rows([[(clock_time(r.line.line_ts or r.line.ts), None), (str(r.line.source), None),
+                             (str(r.line.line), None)] for r in logs], [str(r.seq) for r in logs])
+        if follow and logs:
+            log_table.cursor = len(logs) - 1
+
+    def _refresh_history(self) -> None:
+        """The history pane, read again every HISTORY_EVERY seconds; hidden where no incident is recorded."""
+        now = self.store.clock.now()
+        if now - self._history_read < self.HISTORY_EVERY:
+            return
+        self._history_read = now
+        pane = self.query_one("#node-history", Static)
+        reader = getattr(self.runtime.plan_store, "node_history", None)
+        history: TrackRecord | None = reader(self.node_name, now=now) if reader is not None else None
+        pane.display = history is not None and history.total_incidents > 0
+        if history is not None and pane.display:
+            pane.update(history_text(history))
+
+    # ---------------------------------------------------------------- actions
+
+    def action_force_return(self) -> None:
+        """Put the node back in service although a history rule keeps it out (audited with what it overrides)."""
+        what = Text.assemble("return node ", (self.node_name, "bold"), " to service, overriding the history rules",
+                             isolate_effect("unisolate", self.runtime.scheduler))
+
+        def done(result: Confirmed | None) -> None:
+            if result is None:
+                return
+
+            async def go() -> None:
+                sent = await self.runtime.node_action(self.node_name, "unisolate", result.reason, force=True)
+                self._history_read = float("-inf")
+                self.gw.set_note(f"forced return of {self.node_name}: {'ok' if sent.ok else 'failed: ' + sent.message}")
+
+            self.gw.run_worker(go(), group="node-action")
+
+        self.app.push_screen(ConfirmScreen("Confirm forced return", what), done)
+
+    def action_history(self) -> None:
+        """Live samples -> the past hour -> the past day (from Prometheus) -> live."""
+        prom = self.runtime.prometheus
+        if prom is None:
+            self.gw.set_note("no Prometheus configured: the node view shows live samples only (--prometheus URL)")
+            return
+        windows = list(HistoryWindow)
+        self.window = windows[(windows.index(self.window) + 1) % len(windows)]
+        prom.request_history(self.node_name, self.window)
+        self.refresh_view()
+
+    def _history_part(self, parts: list[str | tuple[str, str]]) -> NodeHistory | None:
+        """The history the sparklines show (None: live), its panel's state appended to the title."""
+        prom = self.runtime.prometheus
+        if prom is None or self.window is HistoryWindow.LIVE:
+            return None
+        status = prom.panels[Panel.HISTORY]
+        history = prom.history(self.node_name, self.window)
+        line = status.line(self.store.clock.now())
+        if history is None and not prom.failing(Panel.HISTORY):
+            line = f"history: asking Prometheus for the past {self.window}"
+        parts.append((f"  past {self.window}: " + line, "bold red" if prom.failing(Panel.HISTORY) else "cyan"))
+        return history
+
+    def action_isolate(self) -> None:
+        node = self.store.by_name(self.node_name)
+        action = "unisolate" if node is not None and node.isolated else "isolate"
+        what = Text.assemble(f"{action} node ", (self.node_name, "bold"), isolate_effect(action, self.runtime.scheduler))
+        self._confirm_then(action, what)
+
+    def action_checkpoint(self) -> None:
+        self._confirm_then("checkpoint_now", Text.assemble("ask the trainer on ", (self.node_name, "bold"),
+                                                           " to checkpoint now"))
+
+    def _confirm_then(self, action: str, what: Text) -> None:
+        def done(result: Confirmed | None) -> None:
+            if result is not None:
+                self.gw.run_node_action(self.node_name, action, result.reason)
+
+        self.app.push_screen(ConfirmScreen(f"Confirm {action}", what), done)

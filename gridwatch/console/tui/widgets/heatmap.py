@@ -1,0 +1,360 @@
+"""The fleet heatmap: one cell per GPU grouped by node, or zoomed out one cell per node grouped by rack; Line API."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+from rich.cells import cell_len
+from rich.color import Color
+from rich.segment import Segment
+from rich.style import Style
+from textual.events import Click, Resize
+from textual.geometry import Size
+from textual.message import Message
+from textual.strip import Strip
+
+from gridwatch.console.fleet.state import HeatmapNode, LazyRows, NodeStatus
+from gridwatch.console.tui.widgets.plain import plain
+from gridwatch.console.tui.widgets.text_table import PaintedOnce, fit
+from gridwatch.sshlink.hostlist import compress
+
+LABEL_MAX = 24  # a name column wider than this would crowd out the cells
+GROUP_LABEL_MIN = 6  # a group's name above its cells gets at least this many columns
+BUCKETS = 10
+# Cold to hot; the same scale for every metric so a glance reads the same way.
+_RAMP = ["#2b4c7e", "#2f7fa3", "#2fa38a", "#4caf50", "#8bc34a", "#cddc39", "#ffeb3b", "#ffc107", "#ff9800",
+         "#f44336", "#d50000"]
+_STYLES = [Style(color=Color.parse(c)) for c in _RAMP]
+_NA = Style(color="grey50")
+_DOWN = Style(color="red", dim=True)
+_MARKS = {
+    NodeStatus.DOWN: ("×", Style(color="red", bold=True)),
+    NodeStatus.REFUSED: ("×", Style(color="magenta", bold=True)),
+    NodeStatus.STALE: ("~", Style(color="yellow", bold=True)),
+    NodeStatus.CONNECTING: ("…", Style(color="grey50")),
+}
+_ISOLATED = ("i", Style(color="cyan", bold=True))
+_MISMATCH = ("!", Style(color="magenta", bold=True))
+_CHECKS = ("P", Style(color="red", bold=True, reverse=True))
+LEGEND = "marks: × down  ~ stale  P patrol/pre-flight failing\n       i isolated  ! stack differs  ? N/A"
+ZOOM_LABEL = 18  # the group's name before its cells when zoomed out
+_RACK = re.compile(r"^(.+?)[-._][^-._]*$")  # rack12-node07 -> rack12
+
+
+def cell_style(value: float) -> Style:
+    return _STYLES[min(max(int(value * BUCKETS + 0.5), 0), BUCKETS)]
+
+
+def node_mark(node: HeatmapNode) -> tuple[str, Style | None]:
+    """The one-character mark before a node's cells: worst condition wins."""
+    if node.status in _MARKS:
+        return _MARKS[node.status]
+    if node.checks_failing:
+        return _CHECKS
+    if node.isolated:
+        return _ISOLATED
+    if node.mismatch:
+        return _MISMATCH
+    return (" ", None)
+
+
+def common_suffix(names: list[str]) -> str:
+    """The domain all names share (``.cluster.local``), which a short label can drop."""
+    if len(names) < 2:
+        return ""
+    shared = os.path.commonprefix([n[::-1] for n in names])[::-1]
+    dot = shared.find(".")
+    return shared[dot:] if dot >= 0 else ""
+
+
+def group_runs(names: Sequence[str], per_line: int) -> list[tuple[int, int]]:
+    """Lines of the zoomed-out heatmap: (start, stop) runs of nodes in the same rack, at most ``per_line`` a line.
+
+    A rack is what a name says before its last ``-``, ``.`` or ``_`` (``rack12-node07``);
+    names without one (``node00042``) fall into blocks of consecutive nodes.
+    """
+    runs: list[tuple[int, int]] = []
+    start = 0
+    key: str | None = None
+    suffix = common_suffix(list(names))  # a shared domain is no rack
+    for i, name in enumerate(names):
+        m = _RACK.match(name[: -len(suffix)] if suffix else name)
+        k = m.group(1) if m else ""
+        if i == start:
+            key = k
+        elif k != key or i - start >= per_line:
+            runs.append((start, i))
+            start, key = i, k
+    if len(names) > start:
+        runs.append((start, len(names)))
+    return runs
+
+
+def short_label(name: str, width: int, suffix: str = "") -> str:
+    """A name in ``width`` cells keeping its end, where node names differ (``…a17-n03``)."""
+    name = plain(name)
+    if suffix and name.endswith(suffix) and len(name) > len(suffix):
+        name = name[: -len(suffix)]
+    if cell_len(name) <= width:
+        return fit(name, width)
+    return "…" + name[len(name) - width + 1 :] if width > 1 else name[-width:]
+
+
+class GpuHeatmap(PaintedOnce, can_focus=True):
+    """Nodes' cells in blocks; every block is labelled with its node's name.
+
+    When every node fits on screen, one node a line with its full name. When
+    not (1,250 nodes of 8 GPUs in 80 columns: 8 nodes a line, 157 pairs of
+    lines, scrolled), each line of cells has a line above it naming each block,
+    the end of the name kept. Only the lines on screen are drawn.
+    """
+
+    DEFAULT_CSS = """
+    GpuHeatmap { height: 1fr; }
+    GpuHeatmap > .gpu-heatmap--label { color: $text-muted; }
+    GpuHeatmap > .gpu-heatmap--highlight { text-style: reverse; }
+    """
+    COMPONENT_CLASSES = {"gpu-heatmap--label", "gpu-heatmap--highlight"}
+
+    class NodeClicked(Message):
+        """A node's cells were clicked."""
+
+        def __init__(self, heatmap: GpuHeatmap, name: str) -> None:
+            super().__init__()
+            self.heatmap = heatmap
+            self.name = name
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.nodes: Sequence[HeatmapNode] = []
+        self.highlight: str | None = None
+        self.zoomed = False  # one cell per node (its worst GPU), a line per rack
+        self._names: list[str] = []
+        self._cells_per_node = 8
+        self._per_line = 1
+        self._one_per_line = True
+        self._label_width = 0  # the name column when one node a line
+        self._suffix = ""
+        self._suffix_of: list[str] | None = None  # the names list the suffix was found in
+        self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
+        self._runs_for: tuple[int, str, str, int] | None = None
+        self._run_labels: dict[int, str] = {}
+        self._counted = -1  # how many nodes the cells per node were counted over
+
+    def set_nodes(self, nodes: Sequence[HeatmapNode], highlight: str | None = None) -> None:
+        """Replace the cells (once a tick) and redraw the visible lines."""
+        self.nodes = nodes
+        self.highlight = highlight
+        if isinstance(nodes, LazyRows):
+            # Read from the nodes, not their cells: a cell is made only for a line on screen.
+            self._names = nodes.names
+            if len(nodes) != self._counted:  # counted again when nodes come or go, not every tick
+                self._counted = len(nodes)
+                self._cells_per_node = max((n.gpu_count for n in nodes.nodes), default=8) or 1
+        else:
+            self._names = [n.name for n in nodes]
+            self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
+        self._layout()
+        self.refresh()
+
+    def set_zoom(self, zoomed: bool) -> None:
+        """Zoom out (one cell per node) or in (one cell per GPU), keeping the highlighted node on screen."""
+        self.zoomed = zoomed
+        self._layout()
+        self.scroll_to_node(self.highlight)
+        self.refresh()
+
+    def line_of(self, name: str) -> int | None:
+        """The first line the node's cells are drawn on, if it is shown."""
+        try:
+            index = self._names.index(name)
+        except ValueError:
+            return None
+        if self.zoomed:
+            return next((i for i, (a, b) in enumerate(self._runs) if a <= index < b), None)
+        if self._one_per_line:
+            return index
+        return 2 * (index // self._per_line)
+
+    def scroll_to_node(self, name: str | None) -> None:
+        """Scroll so the node's line is on screen (a far page included)."""
+        line = self.line_of(name) if name else None
+        if line is None:
+            return
+        top, height = int(self.scroll_y), max(self.size.height, 1)
+        if not top <= line < top + height - 1:
+            self.scroll_to(y=max(line - height // 2, 0), animate=False, immediate=True)
+
+    @property
+    def page(self) -> tuple[int, int]:
+        """(page shown, pages), counted in screens of lines: what PgUp/PgDn move by."""
+        height = max(self.size.height, 1)
+        pages = max(-(-self.virtual_size.height // height), 1)
+        top = int(self.scroll_y)
+        if top and top >= self.max_scroll_y:
+            return pages, pages  # scrolled to the end: the last page, however short
+        return min(top // height + 1, pages), pages
+
+    @property
+    def _block(self) -> int:
+        """Columns per node: its mark, its cells, and room for its label in grouped lines."""
+        cells = self._cells_per_node
+        return 1 + (cells if self._one_per_line else max(cells, GROUP_LABEL_MIN))
+
+    def _layout(self) -> None:
+        count = len(self.nodes)
+        if self.zoomed:
+            self._one_per_line = False
+            per_line = max(self.size.width - ZOOM_LABEL - 1, 1)
+            key = (count, self._names[0] if count else "", self._names[-1] if count else "", per_line)
+            if key != self._runs_for:
+                self._runs, self._runs_for = group_runs(self._names, per_line), key
+                self._run_labels = {}
+            self.virtual_size = Size(self.size.width, len(self._runs))
+            return
+        self._one_per_line = count <= max(self.size.height, 1)
+        if self._one_per_line:
+            self._per_line = 1
+            self._label_width = min(max((cell_len(n.name) for n in self.nodes), default=0), LABEL_MAX) + 1
+            self._suffix, self._suffix_of = "", None
+            lines = count
+        else:
+            self._per_line = max(self.size.width // self._block, 1)
+            self._label_width = 0
+            if self._suffix_of is not self._names:  # the store keeps one names list until nodes come or go
+                self._suffix, self._suffix_of = common_suffix(self._names), self._names
+            lines = 2 * -(-count // self._per_line)
+        self.virtual_size = Size(self.size.width, lines)
+
+    def on_resize(self, event: Resize) -> None:
+        self._layout()
+
+    def node_at(self, x: int, y: int) -> str | None:
+        """The node drawn at screen offset (x, y), name or cells, if any."""
+        line = y + int(self.scroll_y)
+        if self.zoomed:
+            if not 0 <= line < len(self._runs) or x < ZOOM_LABEL + 1:
+                return None
+            start, stop = self._runs[line]
+            index = start + x - ZOOM_LABEL - 1
+            return self._names[index] if index < stop else None
+        if self._one_per_line:
+            return self.nodes[line].name if 0 <= line < len(self.nodes) else None
+        slot = x // self._block
+        index = (line // 2) * self._per_line + slot
+        if x < 0 or slot >= self._per_line or index >= len(self.nodes):
+            return None
+        return self.nodes[index].name
+
+    def on_click(self, event: Click) -> None:
+        name = self.node_at(event.x, event.y)
+        if name is not None:
+            self.post_message(self.NodeClicked(self, name))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        base = self.paint_style
+        line = y + int(self.scroll_y)
+        if self.zoomed:
+            return self._zoomed_line(line, width, base)
+        per_line = self._per_line
+        start = line * per_line if self._one_per_line else (line // 2) * per_line
+        chunk = self.nodes[start : start + per_line]
+        if not chunk:
+            return Strip.blank(width, base)
+        label_style = base + self.get_component_rich_style("gpu-heatmap--label")
+        hi = self.get_component_rich_style("gpu-heatmap--highlight")
+        if not self._one_per_line and line % 2 == 0:
+            return self._label_line(chunk, label_style, label_style + hi, width, base)
+        segments: list[Segment] = []
+        if self._one_per_line:
+            name = chunk[0].name
+            style = label_style + hi if name == self.highlight else label_style
+            segments.append(Segment(fit(name, self._label_width - 1), style))
+            segments.append(Segment(" ", base))
+        # Runs of cells with one style become one segment: fewer objects per line to compose.
+        run: list[str] = []
+        run_style: Style | None = None
+
+        def put(glyph: str, style: Style) -> None:
+            nonlocal run_style
+            if style is not run_style and run:
+                segments.append(Segment("".join(run), run_style))
+                run.clear()
+            run_style = style
+            run.append(glyph)
+
+        styles: dict[int, Style] = {}
+
+        def combined(style: Style, extra: Style | None) -> Style:
+            key = id(style) if extra is None else -id(style)
+            found = styles.get(key)
+            if found is None:
+                found = styles[key] = base + style + extra if extra else base + style
+            return found
+
+        pad = self._block - 1 - self._cells_per_node
+        for node in chunk:
+            mark, mark_style = node_mark(node)
+            put(mark, combined(mark_style, None) if mark_style else base)
+            down = node.status in (NodeStatus.DOWN, NodeStatus.REFUSED)
+            stale = node.status is NodeStatus.STALE
+            extra = hi if node.name == self.highlight else None
+            values = node.values
+            for i in range(self._cells_per_node):
+                value = values[i] if i < len(values) else None
+                if value is None:
+                    glyph, style = ("·" if down else "?"), (_DOWN if down else _NA)
+                else:
+                    # A stale node keeps its last colours, shaded so it reads as old.
+                    glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value))
+                put(glyph, combined(style, extra))
+            for _ in range(pad):
+                put(" ", base)
+        if run:
+            segments.append(Segment("".join(run), run_style))
+        return Strip(segments).crop_extend(0, width, base)
+
+    def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, width: int, base: Style) -> Strip:
+        """The names above a line of blocks, each over its own cells (the mark column left blank)."""
+        label_width = self._block - 1
+        segments = []
+        for node in chunk:
+            segments.append(Segment(" ", base))
+            text = short_label(node.name, label_width, self._suffix)
+            segments.append(Segment(text, hi_style if node.name == self.highlight else style))
+        return Strip(segments).crop_extend(0, width, base)
+
+    def _zoomed_line(self, line: int, width: int, base: Style) -> Strip:
+        """A rack's nodes, one cell each coloured by its worst GPU, after the rack's name (hostlist form)."""
+        if not 0 <= line < len(self._runs):
+            return Strip.blank(width, base)
+        start, stop = self._runs[line]
+        label_style = base + self.get_component_rich_style("gpu-heatmap--label")
+        hi = self.get_component_rich_style("gpu-heatmap--highlight")
+        label = self._run_labels.get(line)
+        if label is None:
+            label = self._run_labels[line] = short_label(compress(self._names[start:stop]), ZOOM_LABEL)
+        segments = [Segment(label, label_style), Segment(" ", base)]
+        run: list[str] = []
+        run_style: Style | None = None
+        for i in range(start, stop):
+            node = self.nodes[i]
+            if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
+                glyph, style = _MARKS[node.status]
+            elif node.checks_failing:
+                glyph, style = _CHECKS
+            else:
+                value = node.worst
+                glyph, style = ("?", _NA) if value is None else ("█", cell_style(value))
+            style = base + style + hi if node.name == self.highlight else base + style
+            if style != run_style and run:
+                segments.append(Segment("".join(run), run_style))
+                run.clear()
+            run_style = style
+            run.append(glyph)
+        if run:
+            segments.append(Segment("".join(run), run_style))
+        return Strip(segments).crop_extend(0, width, base)

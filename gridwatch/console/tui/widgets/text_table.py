@@ -1,0 +1,245 @@
+"""A table drawn with the Line API: only visible rows are rendered, updates never rebuild a cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.events import Click
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from gridwatch.console.tui.widgets.plain import plain
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column: ``key`` names it for sorting, ``width`` is in cells."""
+
+    key: str
+    title: str
+    width: int
+    align: Literal["left", "right"] = "left"
+
+
+# A cell is literal text plus an optional style: text is never parsed as markup.
+Cell = tuple[str, Style | None]
+
+
+def fit(text: str, width: int, align: str = "left") -> str:
+    """Pad or clip ``text`` to exactly ``width`` cells (clipped text ends in an ellipsis); controls dropped."""
+    text = plain(text)
+    length = cell_len(text)
+    if length > width:
+        return set_cell_size(text, width - 1) + "…" if width > 1 else set_cell_size(text, width)
+    pad = " " * (width - length)
+    return pad + text if align == "right" else text + pad
+
+
+class PaintedOnce(ScrollView):
+    """A scroll view whose lines read the widget's style once a paint, not once a line (it walks the ancestors)."""
+
+    _paint_style: Style | None = None  # rich_style during one paint
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._paint_style = self.rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
+
+    @property
+    def paint_style(self) -> Style:
+        return self._paint_style if self._paint_style is not None else self.rich_style
+
+
+class TextTable(PaintedOnce, can_focus=True):
+    """Rows of plain-text cells with a cursor; posts :class:`Selected` on enter.
+
+    A DataTable invalidates its whole render cache on every ``update_cell``
+    (about 80 ms at 10,000 rows); this table holds its rows as a list and draws
+    only the rows on screen, so replacing all rows once a tick is cheap.
+    """
+
+    COMPONENT_CLASSES = {"text-table--header", "text-table--cursor", "text-table--sorted"}
+    DEFAULT_CSS = """
+    TextTable { height: 1fr; }
+    TextTable > .text-table--header { text-style: bold; background: $panel; }
+    TextTable > .text-table--cursor { background: $accent 40%; }
+    TextTable:focus > .text-table--cursor { background: $accent; }
+    TextTable > .text-table--sorted { text-style: bold underline; background: $panel; }
+    """
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home,g", "jump(0)", "First", show=False),
+        Binding("end,G", "jump(-1)", "Last", show=False),
+        Binding("enter", "select", "Open", show=False),
+    ]
+
+    cursor: reactive[int] = reactive(0, always_update=True, repaint=False)
+
+    class _RowMessage(Message):
+        """Something happened to the row with ``key``."""
+
+        def __init__(self, table: TextTable, key: str) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+        @property
+        def control(self) -> TextTable:
+            return self.table
+
+    class Selected(_RowMessage):
+        """Enter was pressed on a row."""
+
+    class Highlighted(_RowMessage):
+        """The cursor moved to another row."""
+
+    def __init__(self, columns: list[Column], *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.columns = columns
+        self.rows: Sequence[Any] = []
+        self.keys: list[str] = []
+        self._format: Callable[[Any], list[Cell]] | None = None
+        self._formatted: dict[int, list[Cell]] = {}
+        self.sort_key: str | None = None
+        self.sort_reverse = False
+
+    # ----------------------------------------------------------------- data
+
+    def set_rows(self, rows: Sequence[Any], keys: list[str], formatter: Callable[[Any], list[Cell]] | None = None) -> None:
+        """Replace every row; the cursor stays on the same key when that row is still there.
+
+        With ``formatter``, rows are any objects and only the rows drawn are
+        formatted into cells: at 1,250 rows and 60 on screen, 95 % are never formatted.
+        """
+        current = self.cursor_key
+        self.rows = rows
+        self.keys = keys
+        self._format = formatter
+        self._formatted = {}
+        self.virtual_size = Size(sum(c.width + 1 for c in self.columns), len(rows) + 1)
+        if current is not None and 0 <= self.cursor < len(keys) and keys[self.cursor] == current:
+            pass  # still in its place: no search through 12,500 keys on every tick
+        elif current is not None and current in keys:
+            self.set_reactive(TextTable.cursor, keys.index(current))
+        else:
+            self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
+        self.refresh()
+
+    def cells(self, index: int) -> list[Cell]:
+        """Row ``index`` as the cells it is drawn with."""
+        if self._format is None:
+            return self.rows[index]
+        cells = self._formatted.get(index)
+        if cells is None:
+            cells = self._formatted[index] = self._format(self.rows[index])
+        return cells
+
+    def row_cells(self) -> list[list[Cell]]:
+        """Every row's cells (formats them all: for tests and exports, not for drawing)."""
+        return [self.cells(i) for i in range(len(self.rows))]
+
+    @property
+    def cursor_key(self) -> str | None:
+        if 0 <= self.cursor < len(self.keys):
+            return self.keys[self.cursor]
+        return None
+
+    def move_to(self, key: str) -> bool:
+        """Put the cursor on ``key``; False when no row has it."""
+        if key not in self.keys:
+            return False
+        self.cursor = self.keys.index(key)
+        return True
+
+    # -------------------------------------------------------------- actions
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        clamped = min(max(new, 0), max(len(self.rows) - 1, 0))
+        if clamped != new:
+            self.set_reactive(TextTable.cursor, clamped)
+        self._scroll_to_cursor()
+        self.refresh()
+        key = self.cursor_key
+        if key is not None and old != clamped:
+            self.post_message(self.Highlighted(self, key))
+
+    def _scroll_to_cursor(self) -> None:
+        visible = max(self.size.height - 1, 1)
+        top = int(self.scroll_y)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
+        elif self.cursor >= top + visible:
+            self.scroll_to(y=self.cursor - visible + 1, animate=False, immediate=True)
+
+    def action_cursor(self, delta: int) -> None:
+        self.cursor = self.cursor + delta
+
+    def action_page(self, direction: int) -> None:
+        self.cursor = self.cursor + direction * max(self.size.height - 2, 1)
+
+    def action_jump(self, where: int) -> None:
+        self.cursor = 0 if where == 0 else len(self.rows) - 1
+
+    def action_select(self) -> None:
+        key = self.cursor_key
+        if key is not None:
+            self.post_message(self.Selected(self, key))
+
+    def on_click(self, event: Click) -> None:
+        row = event.y - 1 + int(self.scroll_y)
+        if event.y >= 1 and 0 <= row < len(self.rows):
+            self.cursor = row
+            if event.chain >= 2:
+                self.action_select()
+
+    # ------------------------------------------------------------ rendering
+
+    def _header(self) -> Strip:
+        header = self.get_component_rich_style("text-table--header")
+        sorted_style = self.get_component_rich_style("text-table--sorted")
+        segments = []
+        for col in self.columns:
+            title = col.title
+            style = header
+            if col.key == self.sort_key:
+                title += " ▼" if self.sort_reverse else " ▲"
+                style = sorted_style
+            segments.append(Segment(fit(title, col.width, col.align), style))
+            segments.append(Segment(" ", header))
+        return Strip(segments)
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        base = self.paint_style
+        if y == 0:
+            strip = self._header()
+        else:
+            index = y - 1 + scroll_y
+            if index >= len(self.rows):
+                return Strip.blank(width, base)
+            row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
+            segments = []
+            for col, (text, style) in zip(self.columns, self.cells(index)):
+                cell_style = base + style if style else base
+                if row_style is not None:
+                    cell_style = cell_style + row_style
+                segments.append(Segment(fit(text, col.width, col.align), cell_style))
+                segments.append(Segment(" ", base + row_style if row_style else base))
+            strip = Strip(segments)
+        return strip.crop_extend(scroll_x, scroll_x + width, base)

@@ -1,0 +1,874 @@
+"""The pure core: frames in, incidents and plans out, on an injected clock, with no I/O.
+
+The console calls :meth:`Engine.observe` for every frame and :meth:`Engine.tick`
+on a timer; replay does the same on a simulated clock. Many symptoms of one
+fault make one incident: symptoms on the same scope merge, a node-fault on a
+node that already has one at least as severe merges, and a job-wide symptom (an
+NCCL timeout storm) waits ``settle`` seconds, then attaches to a node fault at
+least as severe, or picks the one node that stayed silent, or escalates. A
+more severe node fault takes over a milder open incident on its node (a
+straggler waiting for an operator): the milder one is closed as merged and the
+new incident lists it in ``supersedes``, so the executor stops its plan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from loguru import logger
+
+from gridwatch.playbooks.clock import Clock
+from gridwatch.playbooks.durations import format_duration
+from gridwatch.playbooks.guards import GuardLedger, apply_guards
+from gridwatch.playbooks.history import FleetHistory
+from gridwatch.playbooks.model import (
+    JOB_STEPS,
+    REMOVING_STEPS,
+    ConditionTrigger,
+    EventTrigger,
+    LogTrigger,
+    MetricTrigger,
+    Playbook,
+    Step,
+)
+from gridwatch.playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
+from gridwatch.wire.protocol import (
+    STALE_AFTER_INTERVALS,
+    WATCH_METRICS,
+    WATCH_OPS,
+    Event,
+    Frame,
+    Hello,
+    LogLine,
+    Sample,
+    Summary,
+    Text,
+    Watch,
+    severity_rank,
+)
+from gridwatch.wire.xid import xid_catalog
+
+if TYPE_CHECKING:
+    from gridwatch.playbooks.blame_collectives import CollectiveVerdict
+    from gridwatch.playbooks.seed import SeedSummary
+    from gridwatch.playbooks.store import IncidentStore
+
+# A node is gone for job-wide steps after this many hello intervals of silence.
+# A restart planned this soon after another, which already left the node out,
+# would only restart the job a second time for the same event.
+RESTART_COALESCE = 60.0
+# A report that blames another node (``target: detail:...``) counts once this
+# many distinct nodes made it: every rank of a job reports its straggler, and
+# one agent alone must not get a healthy node isolated.
+BLAME_REPORTERS = 2
+BLAME_WINDOW = 60.0  # seconds the reports of one step may lie apart, at least (a trigger's ``within`` if longer)
+_BLAME_SWEEP = 4096  # above this many blamed (node, step)s, stale ones are forgotten
+_HISTORY = 1000  # closed incidents kept for the console and replay summaries
+# A collective verdict names the cause of its job's hang incidents that open this long after it: a
+# frozen trainer is reported (trainer_exit) only after the agent's grace, when the records are long read.
+BLAME_FRESH = 60.0
+
+
+@dataclass
+class NodeState:
+    """What the engine knows of one node, keyed by the name its agent reports."""
+
+    name: str
+    endpoint: str = ""
+    interval: float = 1.0  # the heartbeat in force: the hello's tick, or the summaries' cadence while they come
+    hello_interval: float = 1.0
+    last_seen: float = 0.0
+    job: str = ""
+    stack_hash: str = ""
+    reported_isolated: bool = False
+    removed: bool = False  # a plan of ours took it out of the job
+    seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
+    lost: bool = False
+    trainer_step: int | None = None
+    checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
+    members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
+    boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run
+    last_ident: str = ""  # identity of the last frame it sent (what a lost heartbeat is named after)
+    hello_ident: str = ""  # identity of its last hello (what a stack mismatch is named after)
+
+    @property
+    def out(self) -> bool:
+        return self.reported_isolated or self.removed
+
+
+@dataclass
+class _Symptom:
+    node: str
+    gpu: int | None
+    summary: str
+    details: dict[str, str] = field(default_factory=dict)
+    ident: str = ""  # the identity of the frame behind it (see Engine._identity)
+    code: int | None = None  # the XID code, for the repeat rule (same XID, same scope)
+
+
+_ID_SAFE = re.compile(r"[^A-Za-z0-9]")
+
+
+def _blame(event: Event) -> str:
+    """What an XID points at (XidBlame), from the catalogue; empty for another event or an unlisted code."""
+    entry = xid_catalog().get(event.code) if event.kind == "xid" and event.code is not None else None
+    return str(entry.blame) if entry is not None else ""
+
+
+def _share(seen: deque[tuple[float, str]]) -> float:
+    """Of the numbered marks (training steps) from the lowest to the highest, the fraction reported."""
+    steps = [int(m) for _, m in seen if m.isdigit()]
+    return len(steps) / (max(steps) - min(steps) + 1) if steps else 1.0
+
+
+def agent_can_watch(pb: Playbook) -> Watch | None:
+    """The playbook's metric condition as the agent evaluates it (per-GPU metrics the wire names), or None."""
+    trig = pb.trigger
+    if not isinstance(trig, MetricTrigger):
+        return None
+    cond = trig.condition
+    if cond.metric not in WATCH_METRICS or cond.op not in WATCH_OPS:
+        return None
+    return Watch(name=Text(pb.name), metric=Text(cond.metric), op=Text(cond.op), threshold=cond.threshold, hold=cond.hold)
+
+
+def agent_watches(playbooks: Iterable[Playbook]) -> list[Watch]:
+    """What a console asks its agents to watch for these playbooks (Subscribe.watches)."""
+    return [w for w in (agent_can_watch(pb) for pb in playbooks) if w is not None]
+
+
+class Engine:
+    """Matches playbooks against what nodes report and plans what to do."""
+
+    def __init__(self, playbooks: Iterable[Playbook], clock: Clock) -> None:
+        self.clock = clock
+        self.playbooks: tuple[Playbook, ...] = tuple(playbooks)
+        self.nodes: dict[str, NodeState] = {}
+        self._names: dict[str, str] = {}  # endpoint -> node name
+        self._open: dict[tuple[str, str], Incident] = {}  # (playbook, scope key) -> open incident
+        self._pending: dict[str, float] = {}  # incident id -> when to plan it
+        self._by_id: dict[str, Incident] = {}
+        self._closed: deque[Incident] = deque(maxlen=_HISTORY)
+        self._counts: dict[tuple[str, str], deque[tuple[float, str]]] = {}  # reports counted: (time, distinct mark)
+        # metric condition true since (console time, identity of the first sample it held in)
+        self._holds: dict[tuple[str, str, int | None], tuple[float, str]] = {}
+        self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
+        self.ledger = GuardLedger()
+        self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
+        self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
+        # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
+        self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
+        self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
+        # (playbook, scope key, XID code) -> when a plan of it let its ``repeat.after`` step act
+        self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
+        self.history = FleetHistory()  # every node's and GPU's incidents, remediations and verdicts
+        self._verdicts: dict[str, tuple[float, CollectiveVerdict]] = {}  # job -> (when, newest verdict with a culprit)
+        # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
+        self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
+
+    # ----------------------------------------------------------------- input
+
+    def set_playbooks(self, playbooks: Iterable[Playbook]) -> None:
+        """Swap in a new, already validated set; open incidents carry on."""
+        self.playbooks = tuple(playbooks)
+
+    def observe(self, source: str, frame: Frame) -> list[Plan]:
+        """Take one frame from ``source`` (an endpoint or a node name); return plans made now."""
+        now = self.clock.now()
+        node = self._node_for(source, frame, now)
+        if isinstance(frame, Hello):
+            node.boot_id = _ID_SAFE.sub("", str(frame.boot_id))[:8]
+            self.history.saw_gpus(node.name, frame.gpus)
+        self._frame_ident = node.last_ident = self._identity(node, frame, now)
+        try:
+            return self._observe(node, frame, now)
+        finally:
+            self._frame_ident = ""
+
+    @staticmethod
+    def _identity(node: NodeState, frame: Frame, now: float) -> str:
+        """What names a frame the same way on every console: its own time, plus boot id and seq when known.
+
+        Incident ids are built on it, never on the console's clock, so two
+        consoles (or one that stalled) name one fault alike and the agents'
+        idempotency keys hold across them. A frame without a time (hand-made
+        in a test) falls back to the clock.
+        """
+        ident = str(int(frame.ts if frame.ts > 0 else now))
+        if node.boot_id and frame.seq > 0:
+            ident += f".{node.boot_id}.{frame.seq}"
+        return ident
+
+    def _observe(self, node: NodeState, frame: Frame, now: float) -> list[Plan]:
+        plans: list[Plan] = []
+        summarised = isinstance(frame, Summary)
+        if isinstance(frame, Summary):
+            # Its cadence is the node's heartbeat now (lost after 3 of them). It is read as a
+            # sample (isolated, trainer) and made one only if a playbook needs its metrics.
+            node.interval = max(node.hello_interval, frame.every)
+        elif isinstance(frame, Sample):
+            node.interval = node.hello_interval  # whole samples again (an operator opened it): one a tick
+        if isinstance(frame, Event) and frame.kind in ("condition_held", "condition_cleared"):
+            return self._agent_condition(node, frame, now)
+        if isinstance(frame, Hello):
+            node.hello_ident = self._frame_ident
+            node.hello_interval = frame.interval if frame.interval > 0 else node.hello_interval
+            node.interval = node.hello_interval
+            node.reported_isolated = frame.isolated
+            self._settle_seeded(node, frame.isolated)
+            # Stacks are compared on tick, once the hellos that arrive together are all in.
+            node.stack_hash = str(frame.stack.hash)
+        elif isinstance(frame, (Sample, Summary)):
+            if node.reported_isolated and not frame.isolated:
+                node.removed = False  # put back in by an operator
+                self.ledger.returned(node.name, now)
+            node.reported_isolated = frame.isolated
+            self._settle_seeded(node, frame.isolated)
+            if frame.trainer is not None:
+                node.job = str(frame.trainer.job or node.job)
+                node.trainer_step = frame.trainer.step
+                node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
+                if isinstance(frame, Sample):
+                    node.members = frozenset(str(m) for m in frame.trainer.membership)
+            if isinstance(frame, Summary) and frame.members is not None:
+                node.members = frozenset(str(m) for m in frame.members)  # sent when it changed, not each time
+            plans += self._match_metrics(node, frame, now, agent_watched=summarised)
+        elif isinstance(frame, Event):
+            if frame.kind == "isolated":
+                node.reported_isolated = True
+            elif frame.kind == "unisolated":
+                node.reported_isolated = node.removed = False
+                self.ledger.returned(node.name, now)
+            plans += self._match_event(node, frame, now)
+        elif isinstance(frame, LogLine):
+            plans += self._match_log(node, str(frame.line), str(frame.source), now)
+        return plans
+
+    @staticmethod
+    def _settle_seeded(node: NodeState, isolated: bool) -> None:
+        if node.seeded_out:
+            # Isolation outlives agent restarts; if the agent says it is in, an
+            # operator put it back (or the isolation never happened).
+            node.removed, node.seeded_out = isolated, False
+
+    def tick(self, now: float | None = None) -> list[Plan]:
+        """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
+        now = self.clock.now() if now is None else now
+        plans: list[Plan] = []
+        # Every node's state first: nodes that went quiet together must all be
+        # known lost before any plan picks the live nodes to restart on.
+        for node in self.nodes.values():
+            node.lost = now - node.last_seen > STALE_AFTER_INTERVALS * node.interval
+        # The heartbeat playbooks picked once a tick, not once per node: a tick walks 12,500 nodes.
+        heartbeats = [(pb, pb.trigger) for pb in self.playbooks
+                      if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
+        for node in list(self.nodes.values()) if heartbeats else ():
+            silent = now - node.last_seen
+            for pb, trig in heartbeats:
+                if silent <= trig.missed * node.interval:
+                    continue
+                latch = (pb.name, node.name, "heartbeat")
+                if latch not in self._latched and not node.out:
+                    self._latched.add(latch)
+                    summary = (f"no frame from {node.name} for {silent:.0f}s "
+                               f"({trig.missed:g} x its {node.interval:g}s interval)")
+                    plans += self._symptom(pb, _Symptom(node.name, None, summary, ident=node.last_ident), now)
+        plans += self._check_stacks(now)
+        for incident_id, due in sorted(self._pending.items(), key=lambda kv: kv[1]):
+            if now >= due:
+                del self._pending[incident_id]
+                plan = self._plan(self._by_id[incident_id], now)
+                if plan is not None:
+                    plans.append(plan)
+        for key, incident in list(self._open.items()):
+            owner = self._playbook(incident.playbook)
+            window = owner.dedup_window if owner else 600.0
+            ongoing = (incident.kind == "heartbeat_lost" and incident.recovered_at is None)
+            if incident.state != "pending" and not ongoing and now - incident.last_seen_at > window:
+                self._close(key, incident, now, "closed: quiet for the dedup window")
+        return plans
+
+    def seed_from(self, store: IncidentStore, now: float | None = None) -> SeedSummary:
+        """After a console restart: take back open incidents and guard memory from ``store`` (see gridwatch.playbooks.seed)."""
+        from gridwatch.playbooks.seed import seed_engine
+
+        return seed_engine(self, store, self.clock.now() if now is None else now)
+
+    def adopt(self, incident: Incident, key: str, removed: list[str],
+              restart: tuple[float, list[str]] | None, reopen: bool) -> None:
+        """Take back an incident planned before a restart: its removed nodes stay out, it may absorb symptoms again."""
+        for name in removed:
+            node = self.nodes.get(name)
+            if node is None:
+                # Not heard from yet: known only as out, so no heartbeat rule fires for it.
+                node = self.nodes[name] = NodeState(name=name, last_seen=self.clock.now())
+            node.removed = node.seeded_out = True
+        if restart is not None and incident.job:
+            when, nodes = restart
+            earlier = self._restarts.get(incident.job)
+            if earlier is None or earlier[0] <= when:
+                self._restarts[incident.job] = (when, incident.id, set(nodes))
+        self._by_id[incident.id] = incident
+        if reopen:
+            incident.state = "open"
+            self._open[(incident.playbook, key)] = incident
+        else:
+            self._closed.append(incident)
+
+    def remember_fix(self, playbook: str, key: str, code: int | None, at: float) -> None:
+        """After a restart: a plan of ``playbook`` on ``key`` let its ``repeat.after`` step act at ``at`` (oldest first)."""
+        self._fixes_of_code.setdefault((playbook, key, code), deque()).append(at)
+
+    # ---------------------------------------------------------------- queries
+
+    def incidents(self, include_closed: bool = False) -> list[Incident]:
+        """Open (and pending) incidents, oldest first; closed and merged ones too if asked."""
+        found = sorted(self._open.values(), key=lambda i: i.opened_at)
+        return [*self._closed, *found] if include_closed else found
+
+    def incident(self, incident_id: str) -> Incident | None:
+        return self._by_id.get(incident_id)
+
+    # ------------------------------------------------------------------ blame
+
+    def blame(self, incident_id: str, verdict: CollectiveVerdict) -> Plan | None:
+        """The ranks' collective records name the cause of ``incident_id``; the plan made now, if any.
+
+        For a ``blame: collectives`` playbook the incident acts on the blamed
+        node, and one still gathering symptoms (``settle``) is planned now. One
+        already planned keeps its plan and only records who is to blame.
+        """
+        incident = self._by_id.get(incident_id)
+        pb = self._playbook(incident.playbook) if incident is not None else None
+        if incident is None or pb is None or incident.state not in ("open", "pending") or not verdict.culprits:
+            return None
+        now = self.clock.now()
+        pending = incident.id in self._pending
+        self._apply_blame(incident, pb, verdict, now, act_on=pending)
+        if pending and pb.blame:
+            del self._pending[incident.id]
+            return self._plan(incident, now)
+        return None
+
+    def hang_verdict(self, job: str, verdict: CollectiveVerdict) -> list[Plan]:
+        """A verdict over ``job``'s ranks: given to its open hang incidents, and kept for those to come."""
+        if not verdict.culprits:
+            return []
+        self._verdicts[job] = (self.clock.now(), verdict)
+        plans: list[Plan] = []
+        for incident in list(self._open.values()):
+            pb = self._playbook(incident.playbook)
+            if pb is None or not pb.blame or incident.blamed or (job and incident.job and incident.job != job):
+                continue
+            plan = self.blame(incident.id, verdict)
+            if plan is not None:
+                plans.append(plan)
+        return plans
+
+    def _standing_verdict(self, pb: Playbook, job: str, now: float) -> CollectiveVerdict | None:
+        if not pb.blame:
+            return None
+        kept = self._verdicts.get(job)
+        if kept is None or now - kept[0] > BLAME_FRESH:
+            return None
+        return kept[1]
+
+    def _blamed_nodes(self, verdict: CollectiveVerdict) -> list[str]:
+        return [n for n in verdict.nodes if n in self.nodes] or verdict.nodes
+
+    def _apply_blame(self, incident: Incident, pb: Playbook, verdict: CollectiveVerdict, now: float,
+                     act_on: bool) -> None:
+        incident.blamed = self._blamed_nodes(verdict)
+        incident.blame_why = verdict.summary
+        incident.notes.append(f"{now:.3f} collective records: {verdict.summary}")
+        if pb.blame and act_on:
+            incident.node = incident.blamed[0]
+            incident.summary = verdict.summary
+
+    def resolve(self, incident_id: str) -> bool:
+        """The operator resolved it: the next symptom opens a new incident."""
+        for key, incident in list(self._open.items()):
+            if incident.id == incident_id:
+                self._pending.pop(incident_id, None)
+                self._close(key, incident, self.clock.now(), "resolved by an operator")
+                return True
+        return False
+
+    def live_nodes(self, job: str = "") -> list[str]:
+        """Nodes that job-wide steps go to: heard from recently and not taken out."""
+        return sorted(n.name for n in self.nodes.values()
+                      if not n.lost and not n.out and (not job or not n.job or n.job == job))
+
+    # --------------------------------------------------------------- matching
+
+    def _node_for(self, source: str, frame: Frame, now: float) -> NodeState:
+        name = str(frame.node) or self._names.get(source, source)
+        self._names[source] = name
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = NodeState(name=name, endpoint=source)
+        node.last_seen = now
+        if node.lost:
+            node.lost = False
+        for incident in self._open.values():
+            if incident.kind == "heartbeat_lost" and incident.node == name and incident.recovered_at is None:
+                incident.recovered_at = now
+                incident.notes.append(f"{now:.3f} recovered: {name} is sending frames again")
+        self._latched = {l for l in self._latched if not (l[1] == name and l[2] == "heartbeat")}
+        return node
+
+    def _match_event(self, node: NodeState, event: Event, now: float) -> list[Plan]:
+        plans: list[Plan] = []
+        for pb in self.playbooks:
+            trig = pb.trigger
+            if isinstance(trig, LogTrigger):
+                plans += self._match_log(node, str(event.message), str(event.source), now, only=pb)
+                continue
+            if not isinstance(trig, EventTrigger) or event.kind not in trig.kinds:
+                continue
+            if trig.codes and event.code not in trig.codes:
+                continue
+            if trig.severities and event.severity not in trig.severities:
+                continue
+            if trig.resolutions and str(event.resolution) not in trig.resolutions:
+                continue
+            if trig.blames and _blame(event) not in trig.blames:
+                continue
+            if trig.message is not None and not trig.message.search(str(event.message)):
+                continue
+            if any(not p.search(str(event.details.get(k, ""))) for k, p in trig.details):
+                continue
+            what = f"xid {event.code}" if event.kind == "xid" and event.code is not None else str(event.kind)
+            where = f"{node.name} gpu {event.gpu}" if event.gpu is not None else node.name
+            summary = f"{what} on {where}" + (f": {event.message}" if event.message else "")
+            symptom = _Symptom(node.name, event.gpu, summary, {k: str(v) for k, v in event.details.items()},
+                               code=event.code if event.kind == "xid" else None)
+            target = self._target(pb, symptom)
+            if target is None:
+                logger.bind(node=node.name).debug("{}: {} names no node we know; not counted", pb.name, summary)
+                continue
+            if target != node.name and not self._corroborated(pb, trig, node, target, symptom, now):
+                continue
+            if self._persists(pb, trig, _Symptom(target, symptom.gpu, "", symptom.details), now):
+                plans += self._symptom(pb, symptom, now)
+        return plans
+
+    def _target(self, pb: Playbook, symptom: _Symptom) -> str | None:
+        """The node a symptom is about: its reporter, or the node a ``detail:`` target names (None if unknown).
+
+        Every rank reports a straggler, naming the slow one; falling back to the
+        reporter would blame the healthy nodes that noticed it.
+        """
+        if not pb.target.startswith("detail:"):
+            return symptom.node
+        named = symptom.details.get(pb.target.split(":", 1)[1], "")
+        return named if named in self.nodes else None
+
+    def _corroborated(self, pb: Playbook, trig: EventTrigger, reporter: NodeState, blamed: str,
+                      symptom: _Symptom, now: float) -> bool:
+        """Whether a report by ``reporter`` blaming ``blamed`` may count: said by enough distinct nodes.
+
+        A node never blames one outside its own trainer's members (when its
+        trainer says who they are); and one report, however often repeated,
+        is one node's word: it counts once :data:`BLAME_REPORTERS` nodes said
+        the same (the same step, for a playbook counting distinct steps).
+        """
+        log = logger.bind(node=reporter.name)
+        if reporter.members and blamed not in reporter.members:
+            log.debug("{}: blames {}, which is not in its trainer's job; not counted", pb.name, blamed)
+            return False
+        mark = symptom.details.get(trig.distinct, "") if trig.distinct else ""
+        window = max(trig.within, BLAME_WINDOW)
+        if len(self._blamers) > _BLAME_SWEEP:
+            self._blamers = {k: who for k, who in self._blamers.items() if now - max(who.values()) <= window}
+        said = self._blamers.setdefault((pb.name, blamed, mark), {})
+        said[reporter.name] = now
+        for name, when in list(said.items()):
+            if now - when > window:
+                del said[name]
+        if len(said) < BLAME_REPORTERS:
+            log.debug("{}: {} blamed by {} alone so far; not counted yet", pb.name, blamed, reporter.name)
+            return False
+        return True
+
+    def _persists(self, pb: Playbook, trig: EventTrigger, about: _Symptom, now: float) -> bool:
+        """True once the reports about one scope are many, spread and dense enough (see EventTrigger)."""
+        if trig.count <= 1 and not trig.hold:
+            return True
+        seen = self._counts.setdefault((pb.name, self._scope_key(pb, about)), deque())
+        mark = about.details.get(trig.distinct, "") if trig.distinct else ""
+        if not mark or all(m != mark for _, m in seen):
+            seen.append((now, mark))
+        while seen and now - seen[0][0] > trig.within:
+            seen.popleft()
+        if trig.share is not None:
+            # Sparse old reports are not part of a run that is going on now.
+            while len(seen) >= trig.count and _share(seen) < trig.share:
+                seen.popleft()
+        if len(seen) < trig.count or seen[-1][0] - seen[0][0] < trig.hold:
+            return False
+        if trig.share is not None and _share(seen) < trig.share:
+            return False
+        seen.clear()
+        return True
+
+    def _match_log(self, node: NodeState, line: str, source: str, now: float,
+                   only: Playbook | None = None) -> list[Plan]:
+        plans: list[Plan] = []
+        for pb in (only,) if only else self.playbooks:
+            trig = pb.trigger
+            if not isinstance(trig, LogTrigger) or not trig.pattern.search(line):
+                continue
+            if trig.source is not None and not trig.source.search(source):
+                continue
+            symptom = _Symptom(node.name, None, f"log on {node.name}: {line[:200]}")
+            if self._counted(pb, symptom, trig.count, trig.within, now):
+                plans += self._symptom(pb, symptom, now)
+        return plans
+
+    def _counted(self, pb: Playbook, symptom: _Symptom, count: int, within: float, now: float) -> bool:
+        """True once ``count`` symptoms on one scope fell within ``within``."""
+        return self._persists(pb, EventTrigger(frozenset(), count=count, within=within), symptom, now)
+
+    def _agent_condition(self, node: NodeState, event: Event, now: float) -> list[Plan]:
+        """A condition the agent evaluated (its window held, or it cleared): taken as this engine's own finding.
+
+        The latch is the one :meth:`_match_metrics` uses, so a condition both the agent
+        and this engine see hold opens one incident.
+        """
+        pb = self._playbook(str(event.details.get("playbook", "")))
+        if pb is None or not isinstance(pb.trigger, MetricTrigger) or event.gpu is None:
+            return []
+        cond = pb.trigger.condition
+        if str(event.details.get("condition", "")) != str(cond):
+            return []  # about a condition this console no longer has (its playbooks were reloaded)
+        latch = (pb.name, node.name, f"metric:{event.gpu}")
+        if event.kind == "condition_cleared":
+            self._latched.discard(latch)
+            self._holds.pop((pb.name, node.name, event.gpu), None)
+            return []
+        if latch in self._latched:
+            return []
+        self._latched.add(latch)
+        value = str(event.details.get("value", "N/A"))
+        held = str(event.details.get("held_s", "?"))
+        summary = f"{cond.metric} = {value} on {node.name} gpu {event.gpu} ({cond}, held {held}s, seen by the agent)"
+        return self._symptom(pb, _Symptom(node.name, event.gpu, summary, ident=self._frame_ident), now)
+
+    def _metric_books(self, agent_watched: bool) -> tuple[Playbook, ...]:
+        """The metric playbooks this engine evaluates itself (from summaries: those the agent cannot), kept per set."""
+        cached = self._metric_cache
+        if cached is None or cached[0] is not self.playbooks:
+            mine = tuple(pb for pb in self.playbooks if isinstance(pb.trigger, MetricTrigger))
+            cached = self._metric_cache = (self.playbooks, mine, tuple(pb for pb in mine if agent_can_watch(pb) is None))
+        return cached[2] if agent_watched else cached[1]
+
+    def _match_metrics(self, node: NodeState, frame: Sample | Summary, now: float, agent_watched: bool = False) -> list[Plan]:
+        """Metric conditions on one sample; from a summary, the ones the agent evaluates are left to it."""
+        plans: list[Plan] = []
+        books = self._metric_books(agent_watched)
+        if not books:
+            return plans  # the common case at scale: the agents watch every metric condition
+        sample = frame.as_sample() if isinstance(frame, Summary) else frame
+        for pb in books:
+            trig = pb.trigger
+            if not isinstance(trig, MetricTrigger):  # never: _metric_books keeps only those; this tells mypy
+                continue
+            cond = trig.condition
+            for gpu, value in cond.readings(sample):
+                key = (pb.name, node.name, gpu)
+                latch = (pb.name, node.name, f"metric:{gpu}")
+                if not cond.holds(value):
+                    self._holds.pop(key, None)
+                    self._latched.discard(latch)
+                    continue
+                # Named after the sample it began in: every console saw that one alike.
+                since, ident = self._holds.setdefault(key, (now, self._frame_ident))
+                if now - since >= cond.hold and latch not in self._latched:
+                    self._latched.add(latch)
+                    where = f"{node.name} gpu {gpu}" if gpu is not None else node.name
+                    summary = f"{cond.metric} = {value:g} on {where} ({cond}, held {now - since:.0f}s)"
+                    plans += self._symptom(pb, _Symptom(node.name, gpu, summary, ident=ident), now)
+        return plans
+
+    def _check_stacks(self, now: float) -> list[Plan]:
+        books = [pb for pb in self.playbooks
+                 if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "stack_mismatch"]
+        hashes = [n.stack_hash for n in self.nodes.values() if n.stack_hash]
+        if not books or len(hashes) < 3:
+            return []  # with fewer than three nodes there is no majority to differ from
+        majority = max(set(hashes), key=hashes.count)
+        if hashes.count(majority) * 2 <= len(hashes):
+            return []
+        plans: list[Plan] = []
+        for node in self.nodes.values():
+            if not node.stack_hash or node.stack_hash == majority:
+                continue
+            for pb in books:
+                latch = (pb.name, node.name, f"stack:{node.stack_hash}")
+                if latch in self._latched:
+                    continue
+                self._latched.add(latch)
+                summary = (f"{node.name} runs software stack {node.stack_hash[:12]}, "
+                           f"{hashes.count(majority)} of {len(hashes)} nodes run {majority[:12]}")
+                plans += self._symptom(pb, _Symptom(node.name, None, summary, ident=node.hello_ident), now)
+        return plans
+
+    # -------------------------------------------------------------- incidents
+
+    def _playbook(self, name: str) -> Playbook | None:
+        return next((pb for pb in self.playbooks if pb.name == name), None)
+
+    def _new_id(self, base: str) -> str:
+        """``base``, or ``base-2``, ``base-3``... when an incident opened from the same frame holds it."""
+        taken = set(self._by_id) | {inc.id for inc in self._closed}
+        if base not in taken:
+            return base
+        n = 2
+        while f"{base}-{n}" in taken:
+            n += 1
+        return f"{base}-{n}"
+
+    def _scope_key(self, pb: Playbook, symptom: _Symptom) -> str:
+        node = self.nodes.get(symptom.node)
+        if pb.scope == "job":
+            return f"job:{node.job}" if node and node.job else "job"
+        if pb.scope == "gpu" and symptom.gpu is not None:
+            return f"{symptom.node}/gpu{symptom.gpu}"
+        return symptom.node
+
+    def _cause_for(self, node: str) -> Incident | None:
+        """An open node-fault incident acting on ``node`` (any playbook)."""
+        for incident in self._open.values():
+            pb = self._playbook(incident.playbook)
+            if pb and pb.removes_nodes and incident.node == node and incident.state in ("open", "pending"):
+                return incident
+        return None
+
+    def _merge(self, incident: Incident, symptom: _Symptom, now: float, why: str) -> None:
+        incident.symptoms += 1
+        incident.last_seen_at = now
+        if symptom.node not in incident.reporters:
+            incident.reporters.append(symptom.node)
+        if why:
+            incident.notes.append(f"{now:.3f} {why}")
+
+    def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
+        target = self._target(pb, symptom) or symptom.node
+        reporter = self.nodes.get(symptom.node)
+        standing = self._standing_verdict(pb, reporter.job if reporter else "", now)
+        if standing is not None:
+            target = self._blamed_nodes(standing)[0]  # the records name the cause: not the reporter
+        superseded: Incident | None = None
+        state = self.nodes.get(target)
+        removes = pb.removes_nodes or (standing is not None and any(s.action in REMOVING_STEPS for s in pb.blame_plan))
+        if removes and pb.target != "cause":
+            cause = self._cause_for(target)
+            if state is not None and state.out:
+                # Already out of the job: its later errors need no new plan.
+                if cause is not None:
+                    self._merge(cause, symptom, now, "")
+                return []
+            if cause is not None and cause.playbook != pb.name:
+                if severity_rank(cause.severity) >= severity_rank(pb.severity):
+                    self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
+                    return []
+                # A worse fault on the node: its own plan must run, and the
+                # milder incident (maybe still waiting for an operator) ends here.
+                superseded = cause
+        if pb.target == "cause":
+            cause = self._newest_node_fault(now, pb.dedup_window, pb.severity)
+            if cause is not None and (standing is None or cause.node == target):
+                self._merge(cause, symptom, now, f"symptom {pb.name} from {symptom.node} attributed to this fault")
+                return []
+        key = self._scope_key(pb, _Symptom(target, symptom.gpu, ""))
+        incident = self._open.get((pb.name, key))
+        if incident is not None:
+            self._merge(incident, symptom, now, "")
+            return []
+        node_state = self.nodes.get(symptom.node)
+        if target != symptom.node:
+            symptom.summary += f" (acting on {target})"
+        ident = symptom.ident or self._frame_ident or str(int(now))
+        incident = Incident(
+            id=self._new_id(f"{pb.name}:{key}:{ident}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
+            scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,
+            job=node_state.job if node_state else "", summary=symptom.summary, opened_at=now,
+            last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",
+        )
+        if symptom.details.get("step", "").isdigit():
+            incident.notes.append(f"{now:.3f} first symptom at training step {symptom.details['step']}")
+        self._open[(pb.name, key)] = incident
+        self._by_id[incident.id] = incident
+        if symptom.code is not None:
+            self._codes[incident.id] = symptom.code
+        logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
+        if superseded is not None:
+            self._supersede(superseded, incident, now)
+        if standing is not None:
+            self._apply_blame(incident, pb, standing, now, act_on=True)
+        if pb.settle and standing is None:  # blamed already: nothing left to wait for
+            self._pending[incident.id] = now + pb.settle
+            return []
+        plan = self._plan(incident, now)
+        return [plan] if plan else []
+
+    def _supersede(self, old: Incident, new: Incident, now: float) -> None:
+        """``new`` (a more severe fault on the same node) takes over ``old`` and its symptoms."""
+        self._pending.pop(old.id, None)
+        new.symptoms += old.symptoms
+        new.reporters = sorted(set(new.reporters) | set(old.reporters))
+        new.supersedes.append(old.id)
+        new.notes.append(f"{now:.3f} took over {old.id} ({old.severity} {old.playbook}): a more severe fault")
+        old.merged_into = new.id
+        old.state = "merged"
+        key = next(k for k, v in self._open.items() if v is old)
+        self._close(key, old, now, f"superseded by {new.id} ({new.severity} {new.playbook}); its plan stops here")
+
+    def _newest_node_fault(self, now: float, lookback: float, at_least: str) -> Incident | None:
+        """The newest node fault that can explain a job-wide symptom of severity ``at_least``.
+
+        A milder incident (a straggler waiting for an operator) never swallows a
+        worse symptom: the symptom's own plan finds its cause instead.
+        """
+        faults = [i for i in self._open.values()
+                  if i.state in ("open", "pending") and now - i.opened_at <= lookback
+                  and severity_rank(i.severity) >= severity_rank(at_least)
+                  and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
+        return max(faults, key=lambda i: i.opened_at) if faults else None
+
+    def _close(self, key: tuple[str, str], incident: Incident, now: float, why: str) -> None:
+        self._open.pop(key, None)
+        if incident.state != "merged":
+            incident.state = "closed"
+        incident.closed_at = now
+        incident.notes.append(f"{now:.3f} {why}")
+        self._closed.append(incident)
+
+    # ------------------------------------------------------------------ plans
+
+    def _plan(self, incident: Incident, now: float) -> Plan | None:
+        pb = self._playbook(incident.playbook)
+        if pb is None:
+            return None
+        incident.state = "open"
+        escalate_all = ""
+        by_records = pb.blame and bool(incident.blamed)  # the collective records named the cause
+        if pb.target == "cause":
+            cause = self._newest_node_fault(now, pb.dedup_window + pb.settle, pb.severity)
+            if cause is not None and cause.id != incident.id and (not by_records or cause.node in incident.blamed):
+                cause.symptoms += incident.symptoms
+                cause.last_seen_at = now
+                cause.reporters = sorted(set(cause.reporters) | set(incident.reporters))
+                cause.notes.append(f"{now:.3f} {incident.symptoms} {pb.name} symptoms attributed to this fault")
+                incident.state, incident.merged_into = "merged", cause.id
+                incident.notes.append(f"{now:.3f} merged into {cause.id}: caused by {cause.node}")
+                open_key = next(k for k, v in self._open.items() if v is incident)
+                self._close(open_key, incident, now, f"merged into {cause.id}")
+                return None
+            job_nodes = [n for n in self.nodes.values()
+                         if not n.out and (not incident.job or not n.job or n.job == incident.job)]
+            silent = [n.name for n in job_nodes if n.name not in incident.reporters]
+            if by_records:
+                # The records say who never entered the collective: that wins over who stayed silent.
+                incident.notes.append(f"{now:.3f} cause: {incident.node}, named by the collective records")
+            elif len(silent) == 1 and len(incident.reporters) >= 2:
+                incident.node = silent[0]
+                incident.summary = (f"{pb.kind} reported by {len(incident.reporters)} nodes; cause: {silent[0]}, "
+                                    f"the one node that did not report it")
+                incident.notes.append(f"{now:.3f} cause: {silent[0]}, the one node of {len(job_nodes)} "
+                                      f"that did not report it")
+            else:
+                escalate_all = (f"cannot tell which node caused it: {len(incident.reporters)} nodes reported it, "
+                                f"{len(silent)} did not")
+                incident.notes.append(f"{now:.3f} {escalate_all}")
+        key = next((k[1] for k, v in self._open.items() if v is incident), incident.node)
+        spec = pb.blame_plan if by_records and pb.blame_plan else pb.plan
+        fixes: deque[float] | None = None
+        g = pb.guards
+        if g.repeat_after is not None and g.repeat_max is not None:
+            fixes = self._fixes_of_code.setdefault((pb.name, key, self._codes.get(incident.id)), deque())
+            while fixes and now - fixes[0] > g.repeat_window:
+                fixes.popleft()
+            if len(fixes) >= g.repeat_max:
+                spec = g.repeat_then
+                incident.summary += (f"; came back after {len(fixes)} {g.repeat_after} within "
+                                     f"{format_duration(g.repeat_window)}: hardware inspection")
+                incident.notes.append(f"{now:.3f} repeat rule: {incident.summary}")
+        code = self._codes.get(incident.id)
+        spec, judged = self.history.before_plan(pb, incident, code, spec, now)
+        steps = self._steps(pb, incident, now, spec)
+        if escalate_all:
+            for step in steps:
+                if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
+                    step.decision, step.reason = "escalate", escalate_all
+        job_size = len([n for n in self.nodes.values()
+                        if not incident.job or not n.job or n.job == incident.job]) or 1
+        apply_guards(pb, key, steps, self.ledger, job_size, now)
+        if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
+            fixes.append(now)
+        self._coalesce_restarts(incident, steps, now)
+        self.history.after_guards(pb, incident, code, steps, judged, now)
+        for step in steps:
+            if step.decision == "act" and step.step in REMOVING_STEPS:
+                for name in step.nodes:
+                    if name in self.nodes:
+                        self.nodes[name].removed = True
+        return Plan(incident=incident, steps=steps)
+
+    def _coalesce_restarts(self, incident: Incident, steps: list[PlannedStep], now: float) -> None:
+        """Nodes lost together make one restart of the job, not one per node."""
+        for step in steps:
+            if step.step != "restart_from_checkpoint" or step.decision != "act" or step.checkpoint != "newest":
+                continue
+            earlier = self._restarts.get(incident.job)
+            if earlier and now - earlier[0] <= RESTART_COALESCE and incident.node not in earlier[2]:
+                step.decision = "skip"
+                step.reason = f"the job already restarts without {incident.node} for {earlier[1]}"
+            else:
+                self._restarts[incident.job] = (now, incident.id, set(step.nodes))
+
+    def _common_checkpoint(self, nodes: list[str], below: int | None) -> int | None:
+        """The newest checkpoint step (below ``below`` if given) that every one of ``nodes`` reported."""
+        held = [self.nodes[n].checkpoint_steps for n in nodes if n in self.nodes]
+        if not held or len(held) < len(nodes) or not all(held):
+            return None
+        common = frozenset.intersection(*held)
+        if below is not None:
+            common = frozenset(s for s in common if s < below)
+        return max(common) if common else None
+
+    def _steps(self, pb: Playbook, incident: Incident, now: float,
+               plan: tuple[Step, ...] | None = None) -> list[PlannedStep]:
+        plan = pb.plan if plan is None else plan
+        removing = {incident.node} if any(s.action in REMOVING_STEPS for s in plan) else set()
+        live = [n for n in self.live_nodes(incident.job) if n not in removing]
+        cause = self.nodes.get(incident.node)
+        before_step = next((int(n.split()[-1]) for n in incident.notes if "training step" in n), None)
+        if before_step is None and cause is not None:
+            before_step = cause.trainer_step
+        steps = []
+        for index, spec in enumerate(plan):
+            job_wide = spec.action in JOB_STEPS
+            step = PlannedStep(
+                id=f"{incident.id}/{index}", incident=incident.id, playbook=pb.name, index=index,
+                step=spec.action, target=JOB_TARGET if job_wide else incident.node,
+                nodes=list(live) if job_wide else ([incident.node] if spec.action not in ("notify", "escalate") else []),
+                at=now, confirm=spec.confirm, timeout=spec.timeout,
+                continue_on_failure=spec.continue_on_failure, scheduler=spec.scheduler,
+                checkpoint=spec.checkpoint, channel=spec.channel, url=spec.url, command=list(spec.command),
+                message=spec.message or incident.summary, condition=spec.condition,
+            )
+            if spec.action == "restart_from_checkpoint" and spec.checkpoint == "before":
+                step.before_ts, step.before_step = incident.opened_at, before_step
+            if spec.action == "restart_from_checkpoint":
+                step.checkpoint_step = self._common_checkpoint(step.nodes, step.before_step
+                                                               if spec.checkpoint == "before" else None)
+            if job_wide and not live:
+                step.decision, step.reason = "skip", "no live node left in the job to send it to"
+            steps.append(step)
+        return steps

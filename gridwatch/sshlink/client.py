@@ -1,0 +1,788 @@
+"""The console's side of the stream: one SSH connection per node, kept alive.
+
+Host keys are checked against known_hosts (and weak ones refused), a lost
+connection is retried with jittered backoff, and a reconnect resumes from the
+last seq seen, so nothing is lost that the agent still holds; what it no longer
+holds is reported as a gap. A restarted agent (a new boot id) is read from its
+first frame. A link's node name is pinned by its first hello: frames naming
+another node are dropped and counted, and a second link claiming a name already
+held is refused. A hello name must be a plain node name, and an endpoint given
+by host name admits only that host's name (see :func:`hello_name_refusal`). Every string a peer sends is cleaned before it is logged or
+stored. Data code: never imports textual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import asyncssh
+from loguru import logger
+
+from gridwatch.sshlink.hostlist import Endpoint
+from gridwatch.sshlink.policy import client_options, weak_key_reason
+from gridwatch.wire import protocol as p
+from gridwatch.wire.framing import LineBuffer
+
+READ_CHUNK = 65536
+# Errors quote what a peer sent; this is enough to say what happened.
+MAX_ERROR_CHARS = 300
+# A name an agent may say hello as: plain ASCII, as host names and the agents' node names are.
+HELLO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def hello_name_refusal(endpoint: Endpoint, name: str) -> str:
+    """Why the agent at ``endpoint`` may not speak as ``name``; '' when it may.
+
+    An endpoint given by host name binds the name: the agent must be that host
+    or its first label (``node001.cluster:8022`` may be ``node001``). One given
+    by IP address names no node, so there the first hello pins the name; what
+    tells such agents apart is each node's own host key, which the console pins.
+    """
+    if not HELLO_NAME.match(name):
+        return f"{endpoint}: the agent says it is {name!r}, which is not a plain node name (letters, digits, '.', '_', '-')"
+    host = endpoint.host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return ""
+    wanted = host.lower().rstrip(".")
+    if name.lower() in (wanted, wanted.split(".", 1)[0]):
+        return ""
+    return (
+        f"{endpoint}: the agent says it is {name!r}, but this endpoint is the host {host}; its frames are refused "
+        f"(name the agent {wanted.split('.', 1)[0]!r}, or list the node by its address)"
+    )
+
+
+class LinkState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    STALE = "stale"  # connected, but no frame for STALE_AFTER_INTERVALS intervals
+    DOWN = "down"  # cannot connect or the connection dropped
+    REFUSED = "refused"  # the key or the host key is wrong: retrying will not help by itself
+
+
+@dataclass
+class NodeLink:
+    """What the console knows about its link to one agent."""
+
+    endpoint: Endpoint
+    name: str
+    state: LinkState = LinkState.CONNECTING
+    role: str | None = None
+    last_error: str | None = None
+    last_frame_at: float | None = None
+    last_seq: int = 0
+    frames: int = 0  # frames received and decoded
+    gaps: int = 0  # frames the agent no longer had when we asked
+    bad_frames: int = 0
+    hello: p.Hello | None = None
+    want_logs: bool = False
+    want_full: bool = False  # full samples: an operator has this node open
+    every: float = 0.0  # seconds between the summaries it sends (their ``every``); 0: one per sample
+    attempts: int = 0
+    newer_protocol_noted: bool = False
+    pinned: str | None = None  # the node name its first hello gave; later frames must carry it
+    foreign_frames: int = 0  # frames dropped because they named another node
+    restarts: int = 0  # new boot ids seen after the first hello
+    last_gap: str | None = None  # what the last gap was, in words
+    read_from_start: bool = False  # the agent restarted: ask for its new boot from its first frame
+    via: Endpoint | None = None  # the relay that carries this node's stream; None: a link of our own
+    barred: bool = False  # through a relay: its last hello was refused, so its frames are dropped
+
+
+@dataclass
+class RelayStatus:
+    """The console's link to one relay (``gridwatch relay``) and the nodes it carries for us."""
+
+    endpoint: Endpoint
+    carried: dict[str, NodeLink]  # "host:port" -> the node's link
+    name: str = ""  # the relay's own name, from its hello
+    state: LinkState = LinkState.CONNECTING
+    role: str | None = None  # what our key may do at the relay
+    last_error: str | None = None
+    attempts: int = 0
+    bad_frames: int = 0
+    messages: int = 0  # lines received from it
+    reads: int = 0  # reads of its stream: the console's wake-ups for it, many lines each
+
+
+class LinkRefused(Exception):
+    """The console will not take this agent's frames; the message says why and what to do."""
+
+
+@dataclass
+class FleetOptions:
+    key_path: str
+    known_hosts: str
+    username: str = "gridwatch"
+    connect_timeout: float = 5.0
+    backoff_min: float = 0.5
+    backoff_max: float = 30.0
+    stale_intervals: float = p.STALE_AFTER_INTERVALS  # no frame within this many intervals: stale
+    dead_intervals: float = 10.0  # ... this many: drop the connection and reconnect
+    # The console's runtime asks summaries (and full samples for the nodes an operator opens,
+    # subscribe_full); a bare Fleet (``gridwatch tail``) gets every sample whole.
+    mode: p.StreamMode = p.StreamMode.FULL
+    summary_every: float = 0.0  # seconds between a node's summaries; 0: one per sample
+    watches: list[p.Watch] = field(default_factory=list)  # conditions the agents evaluate for the engine
+    # Through a relay: the longest it may hold a node's frame to send it with others (events go at once).
+    relay_flush: float = 0.5
+    # A relay's own Fleet, carrying nodes for a console: answers no request of its own waits for go to
+    # on_frame (they are the console's), and an agent's restart makes no gap here (the console counts it
+    # against its own last seq when the new boot's hello reaches it).
+    relaying: bool = False
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+
+FrameCallback = Callable[[NodeLink, p.Frame], None]
+StatusCallback = Callable[[NodeLink], None]
+RelayCallback = Callable[["RelayStatus"], None]
+
+
+def explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
+    """One sentence for the operator: what happened and what to do.
+
+    Reasons quote the peer (an SSH disconnect reason is sent by whatever listens at
+    the address, before its host key is checked), so the sentence is cleaned whole.
+    """
+    state, message = _explain(endpoint, exc, known_hosts)
+    return state, p.clean_text(message, MAX_ERROR_CHARS)
+
+
+def _explain(endpoint: Endpoint, exc: BaseException, known_hosts: str) -> tuple[LinkState, str]:
+    if isinstance(exc, LinkRefused):
+        return LinkState.REFUSED, str(exc)
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return LinkState.REFUSED, (
+            f"{endpoint}: host key not trusted by {known_hosts} (unknown or changed); check its fingerprint, "
+            f"then run: gridwatch keys trust {endpoint} --known-hosts {known_hosts}"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return LinkState.REFUSED, (
+            f"{endpoint}: the agent refused our key; add its .pub to the agent's authorized_viewers or authorized_operators"
+        )
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return LinkState.DOWN, f"{endpoint}: no answer within the timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return LinkState.DOWN, f"{endpoint}: connection refused (is the agent running?)"
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return LinkState.DOWN, f"{endpoint}: the agent refused the gridwatch subsystem: {exc.reason}"
+    if isinstance(exc, OSError):
+        return LinkState.DOWN, f"{endpoint}: {exc.strerror or exc}"
+    if isinstance(exc, asyncssh.Error):
+        return LinkState.DOWN, f"{endpoint}: {exc.reason or type(exc).__name__}"
+    return LinkState.DOWN, f"{endpoint}: {str(exc) or type(exc).__name__}"
+
+
+class Fleet:
+    """Connections to many agents; frames and status changes go to callbacks."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        options: FleetOptions,
+        on_frame: FrameCallback | None = None,
+        on_status: StatusCallback | None = None,
+        relays: Mapping[Endpoint, Sequence[Endpoint]] | None = None,
+        on_relay: RelayCallback | None = None,
+    ) -> None:
+        self.options = options
+        self.on_frame = on_frame or (lambda link, frame: None)
+        self.on_status = on_status or (lambda link: None)
+        self.on_relay = on_relay or (lambda relay: None)  # a relay's own link went up or down
+        self.links: dict[Endpoint, NodeLink] = {ep: NodeLink(endpoint=ep, name=str(ep)) for ep in endpoints}
+        # Nodes a relay carries are links like the others; only their frames travel through it.
+        self.relays: dict[Endpoint, RelayStatus] = {}
+        for relay, nodes in (relays or {}).items():
+            carried: dict[str, NodeLink] = {}
+            for ep in nodes:
+                link = self.links.setdefault(ep, NodeLink(endpoint=ep, name=str(ep)))
+                link.via = relay
+                carried[str(ep)] = link
+            self.relays[relay] = RelayStatus(endpoint=relay, carried=carried)
+        self._relay_procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
+        self._procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
+        self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
+        # Request id -> (the link asked, its answer): only that link may answer it.
+        self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
+        self._claims: dict[str, Endpoint] = {}  # pinned node name -> the link that holds it
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client_keys: list[asyncssh.SSHKey] | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        try:
+            self._client_keys = [asyncssh.read_private_key(self.options.key_path)]
+        except (OSError, asyncssh.KeyImportError) as exc:
+            raise RuntimeError(f"cannot read the key {self.options.key_path}: {exc}") from None
+        # A fleet stopped and started again keeps each link's place (last seq, pinned name).
+        self._stopping = False
+        self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values() if link.via is None]
+        self._tasks += [asyncio.create_task(self._run_relay(relay)) for relay in self.relays.values()]
+        self._tasks.append(asyncio.create_task(self._watch_staleness()))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for conn in list(self._conns.values()):
+            conn.close()
+        self._conns.clear()
+        self._procs.clear()
+        self._relay_procs.clear()
+
+    def find(self, node: str) -> NodeLink | None:
+        """A link by the agent's node name or by ``host:port``."""
+        for link in self.links.values():
+            if link.name == node or str(link.endpoint) == node:
+                return link
+        return None
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for link in self.links.values() if link.state in (LinkState.CONNECTED, LinkState.STALE))
+
+    # --------------------------------------------------------------- requests
+
+    def send(self, link: NodeLink, frame: p.Frame) -> bool:
+        """Write one frame to ``link``'s agent (or its relay); False when there is no stream to write to."""
+        return self._send(link, frame)
+
+    def _send(self, link: NodeLink, frame: p.Frame) -> bool:
+        if link.via is not None:
+            # Through the relay: it hands the frame to the node as we wrote it.
+            proc = self._relay_procs.get(link.via)
+            data = p.encode(p.relayed(str(link.endpoint), frame))
+        else:
+            proc = self._procs.get(link.endpoint)
+            data = p.encode(frame)
+        if proc is None:
+            return False
+        try:
+            proc.stdin.write(data)
+        except (OSError, asyncssh.Error):
+            return False
+        return True
+
+    async def action(
+        self, node: str, action: str, args: dict[str, Any] | None = None, reason: str = "", timeout: float = 30.0,
+        fence: int | None = None, key: str | None = None,
+    ) -> p.ActionResult:
+        """Ask one agent to act; the reply, or a failed result saying why there was none.
+
+        ``fence`` is the leading console's fencing token and ``key`` the step's idempotency
+        key (docs/protocol.md); a console alone sends neither.
+        """
+        link = self.find(node)
+        req_id = uuid.uuid4().hex[:12]
+
+        def failed(msg: str) -> p.ActionResult:
+            return p.ActionResult(id=p.Text(req_id), action=p.Text(action), ok=False, message=p.Text(msg))
+
+        if link is None:
+            return failed(f"unknown node {node!r}")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = (link.endpoint, fut)
+        try:
+            frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason),
+                             fence=fence, key=p.Text(key) if key is not None else None)
+            if not self._send(link, frame):
+                return failed(f"{link.name} is not connected ({link.state}: {link.last_error or 'no connection'})")
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return failed(f"{link.name} did not answer {action} within {timeout:g} s")
+        finally:
+            self._pending.pop(req_id, None)
+
+    async def search(
+        self,
+        pattern: str,
+        nodes: list[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 500,
+        on_progress: Callable[[int, int], None] | None = None,
+        timeout: float = 10.0,
+    ) -> list[p.LogLine]:
+        """Ask every (selected, connected) agent; merge the answers by time."""
+        links = [l for l in self.links.values() if nodes is None or l.name in nodes or str(l.endpoint) in nodes]
+        total, answered = len(links), 0
+        results: list[p.LogLine] = []
+
+        async def one(link: NodeLink) -> None:
+            nonlocal answered
+            req_id = uuid.uuid4().hex[:12]
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._pending[req_id] = (link.endpoint, fut)
+            try:
+                if self._send(link, p.Search(id=p.Text(req_id), pattern=p.Text(pattern), since=since, until=until, limit=limit)):
+                    res: p.SearchResult = await asyncio.wait_for(fut, timeout)
+                    for line in res.lines:
+                        line.node = p.Text(link.name)
+                    results.extend(res.lines)
+            except TimeoutError:
+                pass
+            finally:
+                self._pending.pop(req_id, None)
+                answered += 1
+                if on_progress:
+                    on_progress(answered, total)
+
+        await asyncio.gather(*(one(link) for link in links))
+        results.sort(key=lambda line: line.line_ts)
+        return results[-limit:] if limit else results
+
+    def subscription(self, link: NodeLink, resume_from: int | None) -> p.Subscribe:
+        """What this link asks for: summaries (or full samples while its node is open), logs, the watches."""
+        o = self.options
+        mode = p.StreamMode.FULL if link.want_full else o.mode
+        return p.Subscribe(resume_from=resume_from, logs=link.want_logs, mode=mode,
+                           every=o.summary_every if mode is p.StreamMode.SUMMARY else 0.0, watches=o.watches)
+
+    def subscribe_logs(self, node: str, on: bool) -> None:
+        link = self.find(node)
+        if link is None:
+            return
+        # Logs are streamed for the nodes an operator looks at: those get full samples too.
+        link.want_logs = link.want_full = on
+        self._send(link, self.subscription(link, link.last_seq or None))
+
+    def subscribe_full(self, node: str, on: bool) -> None:
+        """Full samples from ``node`` while an operator looks at it; summaries again after."""
+        link = self.find(node)
+        if link is None or link.want_full == on:
+            return
+        link.want_full = on
+        self._send(link, self.subscription(link, link.last_seq or None))
+
+    def set_watches(self, watches: list[p.Watch]) -> None:
+        """Conditions every agent should evaluate (the loaded playbooks'); sent to every connected agent now."""
+        self.options.watches = list(watches)
+        for link in self.links.values():
+            if link.via is None:
+                self._send(link, self.subscription(link, link.last_seq or None))
+        for relay in self.relays.values():  # one message per relay: it applies them to every node it carries
+            self._send_relay(relay, self._relay_subscription(relay, first=False))
+
+    # ------------------------------------------------------------ connection
+
+    def _set(self, link: NodeLink, state: LinkState, error: str | None = None) -> None:
+        if error is not None:
+            error = p.clean_text(error, MAX_ERROR_CHARS)
+        changed = link.state != state or (error is not None and error != link.last_error)
+        link.state = state
+        if error is not None:
+            link.last_error = error
+        if changed:
+            self.on_status(link)
+
+    async def _run_link(self, link: NodeLink) -> None:
+        log = logger.bind(node=link.name)
+        while not self._stopping:
+            link.attempts += 1
+            try:
+                await self._connect_and_stream(link)
+                link.attempts = 0  # a session that ended cleanly resets the backoff
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # every failure becomes a state and a sentence
+                state, message = explain(link.endpoint, exc, self.options.known_hosts)
+                if message != link.last_error:
+                    log.warning(message)
+                self._set(link, state, message)
+            finally:
+                self._procs.pop(link.endpoint, None)
+                conn = self._conns.pop(link.endpoint, None)
+                if conn is not None:
+                    conn.close()
+            if self._stopping:
+                return
+            if link.state in (LinkState.CONNECTED, LinkState.STALE, LinkState.CONNECTING):
+                self._set(link, LinkState.DOWN, link.last_error or "connection closed")
+            await asyncio.sleep(self._backoff(link))
+
+    def _backoff(self, link: NodeLink | RelayStatus) -> float:
+        o = self.options
+        base = min(o.backoff_max, o.backoff_min * 2 ** max(link.attempts - 1, 0))
+        if link.state == LinkState.REFUSED:
+            base = o.backoff_max  # a wrong key stays wrong until someone fixes it
+        # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
+        return base * o.rng.uniform(0.5, 1.0)
+
+    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection]) -> asyncssh.SSHClientProcess:
+        """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream."""
+        o = self.options
+        conn = await asyncio.wait_for(
+            asyncssh.connect(
+                endpoint.host,
+                endpoint.port,
+                username=o.username,
+                client_keys=self._client_keys,
+                known_hosts=o.known_hosts,
+                agent_path=None,
+                config=None,
+                preferred_auth="publickey",
+                encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
+                # A dead agent is found by its silence (dead_intervals); the keepalive only finds a
+                # half-open TCP link under a quiet one, and each one is a round trip per node.
+                keepalive_interval=60,
+                **client_options(),
+            ),
+            o.connect_timeout,
+        )
+        conns[endpoint] = conn
+        host_key = conn.get_server_host_key()
+        weak = weak_key_reason(host_key) if host_key is not None else None
+        if weak:
+            # Pinned or not, a key this weak proves little about who answers.
+            raise LinkRefused(
+                f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
+                f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {o.known_hosts}"
+            )
+        proc: asyncssh.SSHClientProcess = await asyncio.wait_for(
+            conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        return proc
+
+    async def _connect_and_stream(self, link: NodeLink) -> None:
+        o = self.options
+        self._set(link, LinkState.CONNECTING)
+        proc = await self._open(link.endpoint, self._conns)
+        lines = LineBuffer()
+        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        self._on_hello(link, hello)
+        self._procs[link.endpoint] = proc
+        for line in rest:
+            self._on_line(link, line)
+        # No resume point means "start live"; a restarted agent is read from its first frame.
+        resume_from = 0 if link.read_from_start else (link.last_seq or None)
+        link.read_from_start = False
+        if not self._send(link, self.subscription(link, resume_from)):
+            raise ConnectionError("the agent closed the stream after its hello")
+        self._set(link, LinkState.CONNECTED, None)
+        while True:
+            data = await proc.stdout.read(READ_CHUNK)
+            if not data:
+                raise ConnectionError("the agent closed the stream")
+            for line in lines.feed(data):
+                self._on_line(link, line)
+            if lines.oversized:
+                link.bad_frames += lines.oversized
+                self._set(link, link.state, f"{link.name}: {lines.oversized} oversized frame(s) dropped")
+                lines.oversized = 0
+
+    # ------------------------------------------------------------ relays
+
+    def _relay_subscription(self, relay: RelayStatus, first: bool) -> p.RelaySubscribe:
+        """What we ask a relay: the nodes it carries and where we stand in each (first), and the stream's terms."""
+        o = self.options
+        nodes = [
+            p.RelayNode(endpoint=p.Text(ep), resume_from=0 if link.read_from_start else (link.last_seq or None),
+                        read_from_start=link.read_from_start, full=link.want_full, logs=link.want_logs)
+            for ep, link in relay.carried.items()
+        ] if first else []
+        return p.RelaySubscribe(nodes=nodes, mode=o.mode, every=o.summary_every if o.mode is p.StreamMode.SUMMARY else 0.0,
+                                watches=o.watches, flush=o.relay_flush)
+
+    def _send_relay(self, relay: RelayStatus, frame: p.Frame) -> bool:
+        proc = self._relay_procs.get(relay.endpoint)
+        if proc is None:
+            return False
+        try:
+            proc.stdin.write(p.encode(frame))
+        except (OSError, asyncssh.Error):
+            return False
+        return True
+
+    async def _run_relay(self, relay: RelayStatus) -> None:
+        log = logger.bind(node=str(relay.endpoint))
+        while not self._stopping:
+            relay.attempts += 1
+            try:
+                await self._relay_session(relay)
+                relay.attempts = 0
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # every failure becomes a state and a sentence, for each node carried
+                state, message = explain(relay.endpoint, exc, self.options.known_hosts)
+                message = "relay " + message.replace("the agent", "the relay")
+                if message != relay.last_error:
+                    log.warning(message)
+                self._relay_is(relay, state, message)
+            finally:
+                self._relay_procs.pop(relay.endpoint, None)
+                conn = self._conns.pop(relay.endpoint, None)
+                if conn is not None:
+                    conn.close()
+            if self._stopping:
+                return
+            # A session ends only by an exception: the relay is down or refused now, and so are its nodes.
+            for link in relay.carried.values():
+                self._set(link, relay.state, relay.last_error or f"relay {relay.endpoint}: the relay closed the link")
+            await asyncio.sleep(self._backoff(relay))
+
+    def _relay_is(self, relay: RelayStatus, state: LinkState, error: str | None) -> None:
+        """The relay's own link is in ``state``; told once per change, not at each attempt while it stays so."""
+        changed = relay.state != state
+        relay.state, relay.last_error = state, error
+        if changed:
+            self.on_relay(relay)
+
+    async def _relay_session(self, relay: RelayStatus) -> None:
+        o = self.options
+        # Its state stays what it was (connecting at first, down while retried) until it is up.
+        proc = await self._open(relay.endpoint, self._conns)
+        lines = LineBuffer()
+        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        if not hello.relay:
+            raise LinkRefused(f"{relay.endpoint}: this is an agent ({hello.node}), not a relay; list it under nodes, "
+                              "not as a relay's address")
+        relay.name, relay.role = str(hello.node), str(hello.role)
+        self._relay_procs[relay.endpoint] = proc
+        if not self._send_relay(relay, self._relay_subscription(relay, first=True)):
+            raise ConnectionError("the relay closed the stream after its hello")
+        for link in relay.carried.values():
+            link.read_from_start = False
+        relay.attempts = 0
+        self._relay_is(relay, LinkState.CONNECTED, None)
+        for line in rest:
+            self._on_relay_line(relay, line)
+        while True:
+            # One read is many nodes' frames: the relay sends them together, which is what it is for.
+            data = await proc.stdout.read(READ_CHUNK)
+            relay.reads += 1
+            if not data:
+                raise ConnectionError("the relay closed the stream")
+            for line in lines.feed(data):
+                self._on_relay_line(relay, line)
+            if lines.oversized:
+                relay.bad_frames += lines.oversized
+                lines.oversized = 0
+
+    def _on_relay_line(self, relay: RelayStatus, line: bytes) -> None:
+        relay.messages += 1
+        try:
+            frame = p.decode_agent_frame(line)
+        except p.FrameError as exc:
+            self._relay_bad(relay, str(exc))
+            return
+        if isinstance(frame, p.Relayed):
+            link = relay.carried.get(str(frame.endpoint))
+            if link is None:
+                self._relay_bad(relay, f"a frame for {frame.endpoint}, which we did not ask it to carry")
+                return
+            self._on_line(link, bytes(frame.frame))
+        elif isinstance(frame, p.RelayLink):
+            link = relay.carried.get(str(frame.endpoint))
+            if link is None:
+                self._relay_bad(relay, f"a link state for {frame.endpoint}, which we did not ask it to carry")
+                return
+            try:
+                state = LinkState(str(frame.state))
+            except ValueError:
+                self._relay_bad(relay, f"an unknown link state {str(frame.state)!r} for {frame.endpoint}")
+                return
+            if frame.role is not None and link.role is None:
+                link.role = str(frame.role)
+            if link.barred and state in (LinkState.CONNECTED, LinkState.STALE):
+                return  # its hello was refused here: the relay's word does not lift that
+            error = f"{frame.error} (through relay {relay.name or relay.endpoint})" if frame.error else None
+            self._set(link, state, error)
+        elif isinstance(frame, p.Error):
+            relay.last_error = p.clean_text(f"relay {relay.name or relay.endpoint}: {frame.message}", MAX_ERROR_CHARS)
+            logger.bind(node=str(relay.endpoint)).warning("{}", relay.last_error)
+        else:
+            self._relay_bad(relay, f"a {frame.__struct_config__.tag} frame outside a relayed one")
+
+    def _relay_bad(self, relay: RelayStatus, what: str) -> None:
+        relay.bad_frames += 1
+        if relay.bad_frames in (1, 10, 100) or relay.bad_frames % 1000 == 0:
+            relay.last_error = p.clean_text(f"relay {relay.name or relay.endpoint}: {what}", MAX_ERROR_CHARS)
+            logger.bind(node=str(relay.endpoint)).warning("bad frame #{} from the relay: {}", relay.bad_frames, relay.last_error)
+
+    async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> tuple[p.Hello, list[bytes]]:
+        """The hello, and whatever lines arrived in the same read after it."""
+        while True:
+            data = await proc.stdout.read(READ_CHUNK)
+            if not data:
+                err = (await proc.stderr.read(4096)) if proc.stderr else b""
+                raise ConnectionError(p.clean_text(err.decode(errors="replace"), 200) or "the agent closed the stream before its hello")
+            received = lines.feed(data)
+            if received:
+                frame = p.decode_agent_frame(received[0])
+                if isinstance(frame, p.Hello):
+                    return frame, received[1:]
+                raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
+
+    def _pin(self, link: NodeLink, hello: p.Hello) -> str:
+        """The name this link speaks for; raises :class:`LinkRefused` when it may not have it."""
+        said = str(hello.node)
+        if said:
+            why = hello_name_refusal(link.endpoint, said)
+            if why:
+                raise LinkRefused(why)
+        name = said or str(link.endpoint)
+        if link.pinned is not None and name != link.pinned:
+            raise LinkRefused(
+                f"{link.endpoint}: the agent now says it is {name!r} but it was {link.pinned!r}; "
+                "its frames are refused until the console restarts"
+            )
+        holder = self._claims.get(name)
+        if holder is None and name != str(link.endpoint) and any(str(ep) == name for ep in self.links):
+            holder = next(ep for ep in self.links if str(ep) == name)
+        if holder is not None and holder != link.endpoint:
+            raise LinkRefused(
+                f"{link.endpoint}: the agent says it is {name!r}, which the agent at {holder} already is; "
+                "its frames are refused (give every node its own name)"
+            )
+        if link.pinned is None:
+            link.pinned = name
+            self._claims[name] = link.endpoint
+        return name
+
+    def _on_hello(self, link: NodeLink, hello: p.Hello) -> None:
+        name = self._pin(link, hello)
+        log = logger.bind(node=name)
+        if hello.v > p.PROTOCOL_VERSION and not link.newer_protocol_noted:
+            link.newer_protocol_noted = True
+            log.info("agent speaks protocol v{} (we speak v{}): reading what we understand", hello.v, p.PROTOCOL_VERSION)
+        link.name = name
+        hello.node = p.Text(name)
+        link.role = str(hello.role)
+        previous, link.hello = link.hello, hello
+        lost: p.Gap | None = None
+        if previous is not None and self._restarted(link, previous, hello):
+            # The new boot numbers its frames afresh: resuming from the old boot's seq would
+            # skip (or repeat) frames, and what the old boot never sent is gone.
+            link.restarts += 1
+            said = max(previous.last_seq, link.last_seq)
+            lost = p.Gap(
+                node=p.Text(name), ts=hello.ts, from_seq=link.last_seq + 1, to_seq=said,
+                reason=p.Text(f"agent restarted: frames after seq {link.last_seq} of the old boot were never delivered"),
+            )
+            link.gaps += said - link.last_seq
+            link.last_gap = str(lost.reason)
+            log.warning("{}", lost.reason)
+            link.last_seq = 0
+            link.read_from_start = True
+        link.last_frame_at = self.options.clock()
+        self.on_frame(link, hello)
+        if lost is not None and not self.options.relaying:
+            self.on_frame(link, lost)
+
+    @staticmethod
+    def _restarted(link: NodeLink, previous: p.Hello, hello: p.Hello) -> bool:
+        if previous.boot_id or hello.boot_id:
+            return previous.boot_id != hello.boot_id
+        # An agent without boot ids is recognised only by numbering from 1 again.
+        return hello.last_seq < link.last_seq
+
+    def _foreign(self, link: NodeLink, frame: p.Frame) -> None:
+        """A frame naming another node: dropped, counted, said (rate-limited)."""
+        link.foreign_frames += 1
+        n = link.foreign_frames
+        if n in (1, 10, 100) or n % 1000 == 0:
+            message = (
+                f"{link.name}: {n} frame(s) dropped that claimed to come from {str(frame.node)!r}; "
+                "an agent speaks only for the node it said hello as"
+            )
+            logger.bind(node=link.name).warning("{}", message)
+            self._set(link, link.state, message)
+
+    def _on_line(self, link: NodeLink, line: bytes) -> None:
+        try:
+            frame = p.decode_agent_frame(line)
+        except p.FrameError as exc:
+            link.bad_frames += 1
+            link.last_error = p.clean_text(f"{link.name}: {exc}", MAX_ERROR_CHARS)
+            if link.bad_frames in (1, 10, 100) or link.bad_frames % 1000 == 0:
+                logger.bind(node=link.name).warning("bad frame #{}: {}", link.bad_frames, exc)
+            return
+        if link.via is not None:
+            if isinstance(frame, p.Hello):
+                # Through a relay the hello comes in the stream: the same checks as on a link of our own.
+                try:
+                    self._on_hello(link, frame)
+                except LinkRefused as exc:
+                    link.barred = True
+                    self._set(link, LinkState.REFUSED, str(exc))
+                    logger.bind(node=link.name).warning("{}", exc)
+                else:
+                    link.barred = False
+                return
+            if link.barred or isinstance(frame, (p.Relayed, p.RelayLink)):
+                return  # a refused node's frames, or a relay's frame where a node's belongs
+        if frame.node and str(frame.node) != link.pinned:
+            self._foreign(link, frame)
+            return
+        frame.node = p.Text(link.pinned or link.name)
+        link.frames += 1
+        link.last_frame_at = self.options.clock()
+        if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
+            self._set(link, LinkState.CONNECTED)
+        if isinstance(frame, (p.ActionResult, p.SearchResult)):
+            asked, fut = self._pending.get(str(frame.id), (None, None))
+            if fut is not None and asked == link.endpoint and not fut.done():
+                fut.set_result(frame)
+            elif self.options.relaying:
+                self.on_frame(link, frame)  # a relay's: the console that asked waits for it
+                return
+            if isinstance(frame, p.SearchResult):
+                return
+        elif isinstance(frame, p.Gap):
+            link.gaps += max(frame.to_seq - frame.from_seq + 1, 0)
+            link.last_seq = max(link.last_seq, frame.to_seq)
+            link.last_gap = f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
+        elif frame.seq:
+            if frame.seq <= link.last_seq:
+                return  # already seen (a resume overlapped)
+            # A summary says which frame it follows: the samples between were folded into it, not lost.
+            # Between summaries folded samples leave holes before events too; the next summary's
+            # ``after`` tells whether a frame went missing there.
+            if isinstance(frame, p.Summary):
+                follows = min(frame.after, frame.seq - 1)
+            else:
+                follows = link.last_seq if link.every > 0 else frame.seq - 1
+            if link.last_seq and follows > link.last_seq:
+                link.gaps += follows - link.last_seq
+            if isinstance(frame, p.Summary):
+                link.every = frame.every
+            elif isinstance(frame, p.Sample):
+                link.every = 0.0
+            link.last_seq = frame.seq
+        self.on_frame(link, frame)
+
+    async def _watch_staleness(self) -> None:
+        o = self.options
+        while True:
+            now = o.clock()
+            for link in self.links.values():
+                if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
+                    continue
+                interval = max(link.hello.interval if link.hello else 1.0, link.every)
+                silent = now - link.last_frame_at
+                if silent > o.dead_intervals * interval:
+                    conn = self._conns.get(link.endpoint) if link.via is None else None
+                    self._set(link, LinkState.DOWN, f"{link.name}: silent for {silent:.0f} s; reconnecting")
+                    if conn is not None:
+                        conn.close()
+                elif silent > o.stale_intervals * interval and link.state == LinkState.CONNECTED:
+                    self._set(link, LinkState.STALE, f"{link.name}: no frame for {silent:.1f} s")
+            # A walk over every link: four times a second for a small fleet, once for a large one (a node
+            # is stale only after three of its intervals, seconds, so a second later is no news lost).
+            await asyncio.sleep(0.25 if len(self.links) < 500 else 1.0)

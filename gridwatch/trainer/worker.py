@@ -1,0 +1,717 @@
+"""The training process torchrun starts on each node: the loop, its guards, checkpoints and controls.
+
+Run as ``python -m torch.distributed.run ... -m gridwatch.trainer.worker --run-dir DIR``;
+the node's name comes from ``GRIDWATCH_NODE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from gridwatch.trainer.checkpoint import Manifest
+from gridwatch.trainer.collectives import all_gather_object, broadcast_object
+from gridwatch.trainer.config import TrainConfig, read_config, release_tier0
+from gridwatch.trainer.control_server import ControlServer
+from gridwatch.trainer.corpus import build_corpus
+from gridwatch.trainer.flight import FlightRecorder
+from gridwatch.trainer.group import Membership
+from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
+from gridwatch.trainer.membership import STORE_ENV, Generation
+from gridwatch.trainer.model import ByteGPT, ModelConfig
+from gridwatch.trainer.restore import restore_newest
+from gridwatch.trainer.sampler import BatchSampler, SamplerState, my_slots
+from gridwatch.trainer.simdevice import Leave, SimDevice
+from gridwatch.trainer.state import init_optimizer_state, live_tensors
+from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
+from gridwatch.wire.control import restart_target, socket_path
+from gridwatch.wire.protocol import Event, Text, TrainerStatus
+
+# torchrun restarts the workers of every node when one exits non-zero; these say why.
+EXIT_REFORM = 75  # a node left: re-form without it
+EXIT_DEADLINE = 76  # no progress within the deadline: a peer is frozen or gone
+MAX_EVENTS = 64
+
+# Control vector layout (all-reduced with MAX at each step boundary).
+# Control slots, all-reduced with MAX so every rank applies the same controls.
+# _EXACT holds step+1 of an exact restart; _BELOW holds -bound so MAX picks the
+# earliest "before" bound asked for (NO_BOUND when none).
+# _GEN carries the newest generation rank 0 saw, so every rank changes group at the same step;
+# _PAUSED says a rank is paused, so a node joining a paused job pauses with it.
+_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _GEN, _PAUSED, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+NO_BOUND = float(2**52)
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio`` at ``cfg.steps``; ``step`` counts from 0."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient after ``backward()``: every parameter of the model is in the loss."""
+    grad = param.grad
+    assert grad is not None, "a parameter took no part in the loss"
+    return grad
+
+
+class Worker:
+    def __init__(self, cfg: TrainConfig, node: str, backend: str = "gloo", membership: Membership | None = None) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.backend = backend
+        # None: torchrun's rendezvous made the group and any change of members restarts this process.
+        self.membership = membership
+        self.rank = dist.get_rank() if membership is None else 0
+        self.world = dist.get_world_size() if membership is None else 1
+        self.log = logger.bind(node=node)
+        torch.manual_seed(cfg.seed)
+        self.mcfg = ModelConfig(seq_len=cfg.seq_len, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads)
+        self.model = ByteGPT(self.mcfg)
+        self.params = list(self.model.parameters())
+        self.numel = sum(p.numel() for p in self.params)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        init_optimizer_state(self.opt)
+        self.live = live_tensors(self.model, self.opt)
+        data = torch.frombuffer(bytearray(build_corpus(cfg.corpus_bytes)), dtype=torch.uint8)
+        self.sampler = BatchSampler(data, cfg.seq_len, cfg.micro_batch, cfg.micro_batches, cfg.seed)
+        self.slots = my_slots(self.rank, self.world, cfg.micro_batches)
+        self.step = 0
+        self.loss_guard = LossGuard(cfg.spike_factor)
+        self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
+        self.prev_time = 0.0
+        self.members: list[str] = all_gather_object(node, str) if membership is None else [node]
+        self.flight = FlightRecorder(node)
+        if membership is None:
+            self.flight.join("world", 0, self.rank, self.members)
+        # status, read by the control thread
+        self.phase = "starting"
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.rank_times: list[float] = []
+        self.stragglers: list[int] = []
+        self.paused = False
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self._event_seq = int(time.time() * 1000)  # grows across restarts of this node's trainer
+        self._lock = threading.Lock()
+        self.ckpt = TieredCheckpointer(cfg, node, self._on_saved)
+        self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node, group=cfg.control_group,
+                                    collectives_fn=self.flight.dump)
+        self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
+        self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
+        self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
+        # Simulated GPUs only: their injected faults hurt this process as real ones would.
+        self.sim = SimDevice.from_env(node, lambda: self.rank,
+                                      _pg_timeout(cfg, membership is not None).total_seconds(), self._exit, backend)
+
+    # ----------------------------------------------------------------- reporting
+
+    def event(self, kind: str, message: str, severity: str = "warning", **details: object) -> None:
+        with self._lock:
+            self._event_seq += 1
+            ev = Event(
+                kind=Text(kind), severity=Text(severity), message=Text(message), source=Text("trainer"),
+                seq=self._event_seq, ts=time.time(), node=Text(self.node),
+                details={k: Text(str(v)) for k, v in details.items()},
+            )
+            self.events.append(ev)
+        self.log.log("INFO" if severity == "info" else "WARNING", "event {}: {}", kind, message)
+
+    def status(self) -> TrainerStatus:
+        g = self.cfg.micro_batch * self.cfg.micro_batches * self.cfg.seq_len
+        with self._lock:
+            events = list(self.events)
+        return TrainerStatus(
+            job=Text(self.cfg.run_id()), phase=Text(self.phase), step=self.step, epoch=self.sampler.state.epoch,
+            loss=self.loss, grad_norm=self.grad_norm,
+            tokens_per_s=(g / self.prev_time) if self.prev_time > 0 else None,
+            step_time_s=self.prev_time or None,
+            rank_step_times={str(r): t for r, t in enumerate(self.rank_times)},
+            stragglers=list(self.stragglers), membership=[Text(n) for n in self.members],
+            world_size=self.world, checkpoints={str(t): s for t, s in sorted(self.ckpt.newest.items())},
+            pid=os.getpid(), node=Text(self.node), rank=self.rank, paused=self.paused, events=events,
+        )
+
+    def _on_saved(self, out: SaveOutcome) -> None:
+        if out.error:
+            self.event("checkpoint", f"tier {out.tier} checkpoint at step {out.step} failed: {out.error}",
+                       "error", tier=out.tier, step=out.step, path=out.path)
+        elif out.tier > 0:
+            self.event("checkpoint", f"tier {out.tier} checkpoint at step {out.step} written",
+                       "info", tier=out.tier, step=out.step, path=out.path, seconds=f"{out.seconds:.3f}")
+
+    def _on_deadline(self, idle: float) -> None:
+        self.log.error(
+            "no progress for {:.1f} s (a peer is frozen or gone); leaving so the job re-forms without it", idle
+        )
+        self._exit(EXIT_DEADLINE)
+
+    def _exit(self, code: int) -> None:
+        try:
+            self.server.stop()
+        finally:
+            logger.complete()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _append_metrics(self, record: dict[str, object]) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _truncate_metrics(self, upto: int) -> None:
+        """Keep only steps up to ``upto``: later ones are about to be recomputed after a restore."""
+        if not self.metrics.exists():
+            return
+        keep = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= upto:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+        tmp = self.metrics.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, self.metrics)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def manifest(self) -> Manifest:
+        return Manifest(
+            step=self.step, epoch=self.sampler.state.epoch, sampler_position=self.sampler.state.position,
+            tier=0, world_size=self.world, model=self.mcfg.fingerprint(), node=self.node,
+            lr_schedule={"kind": "warmup_cosine", "lr": self.cfg.lr, "warmup": self.cfg.warmup,
+                         "horizon": self.cfg.steps, "min_lr_ratio": self.cfg.min_lr_ratio,
+                         "last_lr": lr_at(self.cfg, max(0, self.step - 1))},
+            rng_ranks=self.world,
+        )
+
+    def snapshot(self, tiers: set[int]) -> float:
+        """Every rank together: gather all RNG states, then copy the state out (the only stall)."""
+        rng = torch.get_rng_state()
+        all_rng = [torch.empty_like(rng) for _ in range(self.world)]
+        self.flight.run("all_gather", rng, lambda: dist.all_gather(all_rng, rng))
+        state = dict(self.live)
+        state.update({f"rng.rank{r}": t for r, t in enumerate(all_rng)})
+        every2 = max(1, self.cfg.tier2_every)
+        owner = (self.step // every2) % self.world == self.rank
+        return self.ckpt.snapshot(state, self.manifest(), tiers, tier2_owner=owner, rank=self.rank)
+
+    def restore(self, want_step: int | None = None, below: int | None = None) -> bool:
+        self.phase = "restarting"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.ckpt.flush()
+        manifest, skipped = restore_newest(self.cfg, self.node, self.live, self.mcfg.fingerprint(), want_step, below)
+        for line in skipped:
+            self.event("checkpoint", line, "warning")
+        if manifest is None:
+            return False
+        self.step = manifest.step
+        self.sampler.state = SamplerState(epoch=manifest.epoch, position=manifest.sampler_position)
+        if self.rank == 0:
+            self._truncate_metrics(self.step)
+        self.event("checkpoint", f"restored step {manifest.step} (tier {manifest.tier}, written by {manifest.world_size} ranks) on {self.world} ranks",
+                   "info", step=manifest.step, tier=manifest.tier)
+        return True
+
+    # ----------------------------------------------------------------- the loop
+
+    def _controls(self) -> torch.Tensor:
+        vec = torch.zeros(_LEAVE0 + self.world, dtype=torch.float64)
+        vec[_BELOW] = -NO_BOUND
+        for req in self.server.take():
+            if req.cmd == "pause":
+                vec[_PAUSE] = 1
+            elif req.cmd == "resume":
+                vec[_RESUME] = 1
+            elif req.cmd == "checkpoint_now":
+                vec[_CKPT] = 1
+            elif req.cmd == "leave":
+                vec[_LEAVE0 + self.rank] = 1
+            elif req.cmd == "restart_from":
+                if self._restart_done(req.args):
+                    continue
+                target = restart_target(req.args)
+                vec[_RESTART] = 1
+                if target.newest:
+                    vec[_NEWEST] = 1
+                if target.step is not None:
+                    vec[_EXACT] = max(float(vec[_EXACT]), target.step + 1)
+                if target.below is not None:
+                    vec[_BELOW] = max(float(vec[_BELOW]), -float(target.below))
+        if self.membership is not None and self.rank == 0:
+            vec[_GEN] = self.membership.newest()
+        if self.paused:
+            vec[_PAUSED] = 1
+        self.flight.run("all_reduce", vec, lambda: dist.all_reduce(vec, op=dist.ReduceOp.MAX),
+                        before_start=self.sim.in_collective if self.sim is not None else None)
+        return vec
+
+    def _restart_done(self, args: dict[str, object]) -> bool:
+        """True if the job already restarted for this request's incident: a playbook sends one
+        restart to every node, and a node that (re)joined later must not roll the job back again."""
+        incident = str(args.get("incident") or "")[:200]
+        if self.membership is None or not incident:
+            return False
+        key = f"gw/restarted/{incident}"
+        if self.membership.store.check([key]):
+            self.event("checkpoint", f"restart_from for {incident} ignored: the job already restarted for it "
+                       f"(at step {self.membership.store.get(key).decode(errors='replace')})", "info")
+            return True
+        self._restart_incidents.append(incident)
+        return False
+
+    def _handle(self, ctl: torch.Tensor) -> None:
+        """Apply the controls every rank now agrees on."""
+        if ctl[_CKPT] > 0:
+            self.phase = "checkpointing"
+            self.snapshot({0, 1, 2})
+            self.event("checkpoint", f"checkpoint_now at step {self.step}", "info", step=self.step)
+        leaving = [r for r in range(self.world) if ctl[_LEAVE0 + r] > 0]
+        if leaving:
+            self._leave(leaving)
+        if ctl[_RESTART] > 0:
+            exact = int(ctl[_EXACT]) - 1 if ctl[_EXACT] > 0 else None
+            below = int(-ctl[_BELOW]) if -ctl[_BELOW] < NO_BOUND else None
+            here = self.step
+            restored = exact is not None and self.restore(exact)
+            if not restored and ctl[_NEWEST] > 0:
+                # The named step did not validate (or none was named): the newest valid one, below the bound if any.
+                restored = self.restore(None, below=below)
+            if not restored:
+                wanted = f"step {exact}" if exact is not None else ("a step below " + str(below) if below is not None else "any step")
+                self.event("checkpoint", f"restart_from: no valid checkpoint at {wanted}; training goes on from step {here}", "error")
+            if self.membership is not None:
+                for incident in self._restart_incidents:
+                    self.membership.store.set(f"gw/restarted/{incident}", str(self.step))
+            self.phase = "training"
+        self._restart_incidents = []
+        if (ctl[_PAUSE] > 0 or ctl[_PAUSED] > 0) and ctl[_RESUME] == 0 and not self.paused:
+            self._pause()
+
+    def _pause(self) -> None:
+        self.phase, self.paused = "paused", True
+        self.event("action", f"paused at step {self.step}", "info")
+        while True:
+            self.deadline.feed()
+            if self.membership is not None:
+                self.membership.at_boundary()
+            ctl = self._controls()
+            if self.membership is not None and ctl[_GEN] > self.membership.number:
+                self._change(int(ctl[_GEN]))  # a node joins or leaves while the job is paused
+                self.phase, self.paused = "paused", True
+                continue
+            if ctl[_CKPT] > 0 or ctl[_RESTART] > 0 or any(ctl[_LEAVE0:] > 0):
+                self._handle(ctl)
+                self.phase, self.paused = "paused", True
+            if ctl[_RESUME] > 0:
+                break
+            time.sleep(0.2)
+        self.phase, self.paused = "training", False
+        self.event("action", f"resumed at step {self.step}", "info")
+
+    def _leave(self, leaving: list[int]) -> None:
+        """Checkpoint to local disk, then the leaving node stops and the others re-form without it."""
+        if self.membership is not None:
+            return self._leave_generation(leaving)
+        self.phase = "checkpointing"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.snapshot({0, 1})
+        self.ckpt.flush()
+        dist.barrier()
+        names = ", ".join(self.members[r] for r in leaving)
+        if self.rank in leaving:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request; the others re-form without this node", self.step)
+            # Stopping our torchrun agent by signal keeps the rendezvous open for the others
+            # (a clean exit would close it for everyone).
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(30)
+            self._exit(0)
+        self.log.info("{} left at step {}; re-forming", names, self.step)
+        self._exit(EXIT_REFORM)
+
+    def _leave_generation(self, leaving: list[int]) -> None:
+        """Every member is at this step: the others go on in a new generation, from memory, without a restart."""
+        names = ", ".join(self.members[r] for r in leaving)
+        assert self.membership is not None
+        self.phase = "checkpointing"
+        self.snapshot({0})
+        if self.rank in leaving:
+            self.membership.leave()
+        # The leaver waits too: gone before the coordinator saw "leave", it would look like a crash.
+        nxt = self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
+        if self.rank in leaving:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request; the others go on without this node", self.step)
+            self.ckpt.flush()
+            self.membership.close("done")
+            self._exit(0)
+        if nxt is None:
+            self.log.error("no new generation after {} left; exiting so the node is started again", names)
+            self._exit(EXIT_REFORM)
+        assert nxt is not None
+        nxt = self._member_of(nxt)
+        self.log.info("{} left at step {}; going on in generation {}", names, self.step, nxt.gen)
+        self._enter(nxt)
+
+    # ------------------------------------------------------------ generations
+
+    def _adopt(self) -> None:
+        """Take this group's rank and size: its share of each batch, its peers' names."""
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.slots = my_slots(self.rank, self.world, self.cfg.micro_batches)
+        self.straggler_guard = StragglerGuard(self.cfg.straggler_factor, self.cfg.straggler_window)
+        self.rank_times, self.stragglers = [], []
+
+    def _enter(self, gen: Generation) -> None:
+        """Form ``gen``'s group (waiting again if that fails) and line up every member's state."""
+        assert self.membership is not None
+        while True:
+            self.phase = "re-forming"
+            self.deadline.feed(self.cfg.startup_deadline_s)
+            watchdog = _init_watchdog(self.cfg, self.node)
+            try:
+                self.membership.form(gen, self.backend, _pg_timeout(self.cfg, membership=True))
+                self._adopt()
+                self.members = list(gen.members)
+                self.flight.join(f"gen{gen.gen}", gen.gen, self.rank, self.members)
+                self._line_up(gen)
+                watchdog.cancel()
+                break
+            except RuntimeError as exc:
+                watchdog.cancel()
+                gen = self._wait_after_failure(exc)
+        self.phase = "training"
+        self.event("membership", f"generation {gen.gen}: training on {self.world} nodes ({', '.join(gen.members)}) "
+                   f"from step {self.step}", "info", generation=gen.gen, world=self.world, sync=gen.sync)
+
+    def _line_up(self, gen: Generation) -> None:
+        if gen.sync == "restore":
+            if self.restore():
+                return
+            assert self.membership is not None
+            if self.membership.number <= 1 and self.step == 0:
+                if self.rank == 0:
+                    self.log.info("no checkpoint found: starting at step 0")
+                    self._truncate_metrics(0)
+                return
+        if gen.sync in ("share", "restore"):
+            self._share()
+
+    def _share(self) -> None:
+        """Every member takes rank 0's model, optimizer, step and data position (a node joining a running job)."""
+        pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0, tuple[int, int, int])
+        self.step = pos[0]
+        self.sampler.state = SamplerState(epoch=pos[1], position=pos[2])
+        for key in sorted(self.live):
+            dist.broadcast(self.live[key], src=0)
+        if self.rank != 0:
+            torch.manual_seed(self.cfg.seed + 7919 * self.rank + self.step)
+
+    def _wait_after_failure(self, exc: BaseException) -> Generation:
+        """A collective failed: say so, and wait for the coordinator's next generation that takes this node."""
+        assert self.membership is not None
+        number = self.membership.number
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        self.event("membership", f"generation {number} failed ({first}); waiting for the job to re-form", "warning",
+                   generation=number)
+        self.phase = "re-forming"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        if dist.is_initialized():
+            # Closing our connections fails the collective our peers still wait in, at once,
+            # instead of after the collective timeout: they report too, and the job re-forms sooner.
+            dist.destroy_process_group()
+        self.membership.failed()
+        gen = self.membership.wait(self.cfg.startup_deadline_s)
+        if gen is None:
+            self.log.error("no generation took this node within {:.0f} s; exiting so it is started again",
+                           self.cfg.startup_deadline_s)
+            self._exit(EXIT_REFORM)
+        assert gen is not None
+        return gen
+
+    def _change(self, newest: int) -> None:
+        """Rank 0 saw generation ``newest``: every member is at this step; move to it (or stand by if not in it)."""
+        assert self.membership is not None
+        gen = self.membership.read(newest)  # the number every rank agreed on, not whatever is newest now
+        if gen is None:
+            return
+        self._enter(self._member_of(gen))
+
+    def _member_of(self, gen: Generation) -> Generation:
+        """``gen``, or, if it dropped this node (thought dead, or slow), the next one that takes it back."""
+        if self.node in gen.members:
+            return gen
+        return self._wait_after_failure(RuntimeError(f"generation {gen.gen} does not include {self.node}"))
+
+    def train_step(self) -> None:
+        cfg = self.cfg
+        g_count = cfg.micro_batches
+        t0 = time.perf_counter()
+        batches = self.sampler.next_global_batch()
+        if self.rank == cfg.fault_slow_rank and self.step + 1 == cfg.fault_slow_step:
+            time.sleep(cfg.fault_slow_s)
+        lr = lr_at(cfg, self.step)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        exact = cfg.reduce == "exact"
+        grads = torch.zeros((g_count if exact else 1, self.numel), dtype=torch.float32)
+        stats = torch.zeros(g_count + self.world, dtype=torch.float64)
+        for slot in self.slots:
+            x, y = self.sampler.tensors(batches[slot])
+            loss = self.model(x, y)
+            loss.backward()
+            flat = torch.cat([_grad(p).reshape(-1) for p in self.params])
+            if exact:
+                grads[slot] = flat
+            else:
+                grads[0] += flat
+            for p in self.params:
+                p.grad = None
+            stats[slot] = loss.item()
+        if self.sim is not None:
+            self.sim.throttle(time.perf_counter() - t0)
+        stats[g_count + self.rank] = self.prev_time
+        # Each slot is filled by one rank and zero elsewhere, so the sum is exact and
+        # the per-slot sum below adds in the same order on any world size.
+        self.flight.run("all_reduce", grads, lambda: dist.all_reduce(grads))
+        self.flight.run("all_reduce", stats, lambda: dist.all_reduce(stats))
+        mean = grads.sum(dim=0).div_(g_count)
+        loss_value = float(stats[:g_count].sum().item() / g_count)
+        if cfg.fault_nan_step and self.step + 1 == cfg.fault_nan_step:
+            loss_value = float("nan")
+        verdict = self.loss_guard.check(loss_value)
+        if verdict == "nan_loss":
+            self.event("nan_loss", f"loss is {loss_value} at step {self.step + 1}: update skipped, last snapshot kept on disk",
+                       "error", step=self.step + 1)
+            self.ckpt.protect(f"protective: non-finite loss at step {self.step + 1}")
+            self.grad_norm = None
+        else:
+            offset = 0
+            for p in self.params:
+                p.grad = mean[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.clip))
+            self.opt.step()
+            for p in self.params:
+                p.grad = None
+            if verdict == "loss_spike":
+                self.event("loss_spike", f"loss {loss_value:.4f} at step {self.step + 1} is over {cfg.spike_factor:g}x the recent median",
+                           "warning", step=self.step + 1)
+                self.ckpt.protect(f"protective: loss spike at step {self.step + 1}")
+        self.step += 1
+        self.loss = loss_value
+        self.rank_times = [float(t) for t in stats[g_count:]]
+        if self.step > 1:
+            self.stragglers = self.straggler_guard.check(self.rank_times)
+            for r in self.stragglers:
+                self.event("straggler", f"rank {r} ({self.members[r]}) took {self.rank_times[r]:.3f} s for step {self.step - 1}",
+                           "warning", rank=r, node=self.members[r], step=self.step - 1)
+        if self.rank == 0:
+            self._append_metrics({"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": self.grad_norm,
+                                  "world_size": self.world, "time": time.time()})
+        self.prev_time = time.perf_counter() - t0
+
+    def _sim_before_step(self) -> None:
+        """The simulated GPU's fault, where the step's first collective starts; a lost GPU's node may still leave."""
+        assert self.sim is not None
+        try:
+            self.sim.before_step(lambda: any(r.cmd == "leave" for r in self.server.take()))
+        except Leave:
+            self.phase = "left"
+            self.log.info("leaving the job at step {} on request: its GPU is lost; the others go on without it", self.step)
+            if self.membership is None:
+                os.kill(os.getppid(), signal.SIGTERM)  # as _leave: keeps the rendezvous open for the others
+                time.sleep(30)
+                self._exit(0)
+            assert self.membership is not None
+            self.membership.leave()
+            self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
+            self.membership.close("done")
+            self._exit(0)
+
+    def run(self) -> int:
+        self.server.start()
+        self.deadline.watch()
+        if self.sim is not None:
+            self.sim.at_start()
+        if self.membership is None:
+            if not self.restore() and self.rank == 0:
+                self.log.info("no checkpoint found: starting at step 0")
+                self._truncate_metrics(0)
+        else:
+            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+            if restarts:
+                # Under the coordinator torchrun restarts only this node's worker, and only when it died.
+                self.event("trainer_restarted", f"the trainer on {self.node} was restarted by torchrun (restart {restarts}): "
+                           "the previous process died; it rejoins the job", "error", restarts=restarts)
+            self.phase = "joining"
+            self.membership.start()  # only now: the model and data are ready
+            gen = self.membership.wait(self.cfg.startup_deadline_s)
+            if gen is None:
+                self.log.error("no generation took this node within {:.0f} s", self.cfg.startup_deadline_s)
+                self._exit(EXIT_REFORM)
+            assert gen is not None
+            self._enter(gen)
+        self.phase = "training"
+        # With a coordinator, a hung collective times out first (and the job re-forms in place);
+        # the deadline is the last resort.
+        deadline = self.cfg.progress_deadline_s if self.membership is None else 2 * self.cfg.progress_deadline_s + 5
+        self.deadline.feed(deadline)
+        while self.step < self.cfg.steps:
+            try:
+                if self.membership is not None:
+                    self.membership.at_boundary(self.prev_time)
+                if self.sim is not None:
+                    self._sim_before_step()
+                ctl = self._controls()
+                if self.membership is not None and ctl[_GEN] > self.membership.number:
+                    self._change(int(ctl[_GEN]))
+                    continue
+                self._handle(ctl)
+                self.train_step()
+                self.deadline.feed(deadline)
+                tiers = self.ckpt.due(self.step)
+                if tiers:
+                    self.snapshot(tiers)
+            except RuntimeError as exc:
+                if self.sim is not None:
+                    self.sim.on_collective_error(exc, seq=self.step + 1)
+                if self.membership is None:
+                    raise
+                self._enter(self._wait_after_failure(exc))
+                self.deadline.feed(deadline)
+        self.phase = "checkpointing"
+        self.deadline.feed(self.cfg.startup_deadline_s)
+        self.snapshot({0, 1, 2})
+        self.ckpt.stop()
+        dist.barrier()
+        self.phase = "done"
+        # Tier 0 is a RAM cache for resuming; a finished run keeps its last
+        # checkpoint in tiers 1 and 2 and gives the memory back (the last node
+        # out removes the run's directory too).
+        for why in release_tier0(self.cfg, self.node):
+            self.log.warning("tier 0 left in place: {}", why)
+        if self.rank == 0:
+            self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
+        if self.membership is not None:
+            self.membership.close("done")
+        self.server.stop()
+        return 0
+
+
+def _setup_logging(node: str) -> None:
+    # This job has no numpy and saves per process on purpose; torch warns about both.
+    warnings.filterwarnings("ignore", message=".*NumPy.*")
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    logger.remove()
+    fmt = "{time:HH:mm:ss.SSS} {level: <7} [{extra[node]}] {message}"
+    logger.configure(extra={"node": node})
+    logger.add(sys.stderr, format=fmt, level=os.environ.get("GRIDWATCH_LOG_LEVEL", "INFO"))
+
+
+def _init_limit(cfg: TrainConfig) -> float:
+    return max(30.0, 2 * cfg.progress_deadline_s)
+
+
+def _pg_timeout(cfg: TrainConfig, membership: bool) -> timedelta:
+    """How long a collective may wait. Under a coordinator, a peer that stops answering fails the
+    collective after the progress deadline and the job re-forms in place; under torchrun alone the
+    progress deadline ends the process instead, so collectives may wait longer."""
+    if membership:
+        return timedelta(seconds=max(2.0, cfg.progress_deadline_s))
+    return timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
+
+
+def _init_watchdog(cfg: TrainConfig, node: str) -> threading.Timer:
+    """Exit if forming a process group takes past the limit (cancel it once the group is up).
+
+    Forming can wait far past the collective timeout when a member is gone
+    (gloo's full-mesh connect waits for it); exiting lets the node start again.
+    """
+    limit = _init_limit(cfg)
+    watchdog = threading.Timer(limit, _init_timed_out, args=(node, limit))
+    watchdog.daemon = True
+    watchdog.start()
+    return watchdog
+
+
+def _init_timed_out(node: str, limit: float) -> None:
+    logger.bind(node=node).error("the process group did not form within {:.0f} s; exiting so the job re-forms", limit)
+    logger.complete()
+    os._exit(1)
+
+
+def _die_with_agent() -> None:
+    """A worker whose torchrun agent died must not train on alone under pid 1."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent or parent == 1:  # the agent died before the prctl took hold
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_agent()
+    parser = argparse.ArgumentParser(prog="gridwatch.trainer.worker")
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args(argv)
+    node = os.environ.get("GRIDWATCH_NODE") or f"node-{int(os.environ.get('GROUP_RANK', '0')) + 1}"
+    _setup_logging(node)
+    # `kill -USR1` a worker to see where every thread is (a hung collective, a slow save).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        cfg = read_config(args.run_dir)
+    except ValueError as exc:
+        logger.error("{}", exc)
+        return 2
+    torch.set_num_threads(1)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    endpoint = os.environ.get(STORE_ENV)
+    membership = None
+    if endpoint:
+        try:
+            membership = Membership(endpoint, node)
+        except (ValueError, RuntimeError) as exc:
+            logger.bind(node=node).error("cannot reach the job's store at {}: {}", endpoint, exc)
+            return EXIT_REFORM
+    else:
+        # torchrun's rendezvous made the group; this process lives as long as its membership.
+        watchdog = _init_watchdog(cfg, node)
+        dist.init_process_group(backend, timeout=_pg_timeout(cfg, membership=False))
+        watchdog.cancel()
+    try:
+        return Worker(cfg, node, backend, membership).run()
+    except Exception as exc:
+        # A peer that died makes the next collective fail: exit so torchrun re-forms.
+        logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        logger.complete()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
