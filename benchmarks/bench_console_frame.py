@@ -30,7 +30,7 @@ def main() -> int:
     from loguru import logger
 
     from gridwatch.agent.sources.simulated import SimulatedGpus
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.playbooks.clock import ManualClock
     from gridwatch.wire import protocol as p
 

@@ -75,7 +75,7 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
     from loguru import logger
 
     from gridwatch.console.runtime.config import cadence_line, parse_summary_every
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.console.tui.app import GridwatchApp
     from gridwatch.sshlink.hostlist import parse_endpoints
     from gridwatch.wire.protocol import Event, StreamMode, Summary
@@ -432,7 +432,8 @@ def part1(args: argparse.Namespace) -> dict[str, Any]:
 def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]:
     """Median CPU ms of the fleet view's tick and paint with ``nodes`` in the store, per way of looking."""
     from gridwatch.console.fleet.state import ManualClock, StateStore
-    from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.incidents import MemoryIncidents
     from gridwatch.console.tui.app import GridwatchApp
     from gridwatch.console.tui.widgets import GpuHeatmap
     from gridwatch.wire import protocol as p

@@ -17,6 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
+# The helpers that test modules share live in tests/support_*.py; their asserts say what failed as the tests' own do.
+pytest.register_assert_rewrite(*sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("support_*.py")))
+
 
 def free_port() -> int:
     with socket.socket() as s:

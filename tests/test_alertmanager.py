@@ -134,7 +134,7 @@ def test_a_bad_alertmanager_url_is_one_line() -> None:
 
 async def test_an_incident_from_a_real_agent_pages_and_resolves(am: AlertmanagerServer, agent, keys,
                                                                 tmp_path: Path) -> None:
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.sshlink.hostlist import parse_endpoints
 
     runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(agent.spec), key_path=str(keys.operator_key),
@@ -166,7 +166,7 @@ def test_cluster_toml_and_the_flag_take_alertmanager_and_refuse_a_bad_url(keys, 
     import sys
 
     from gridwatch.console.runtime.config import ConfigError, load_cluster
-    from gridwatch.console.runtime.core import RuntimeOptions
+    from gridwatch.console.runtime.wiring import RuntimeOptions
 
     base = (f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
             f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n')

@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from gridwatch.trainer.launch import start_local_run
-    from tests.test_fault_effects import _last
-    from tests.test_trainer_e2e import tiny
+    from tests.support_trainer import last, tiny
 
     sim = tmp_path / "sim"
     sim.mkdir(mode=0o700)
@@ -42,7 +41,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     job = start_local_run(cfg, NODES)
     job.sim = sim
     try:
-        wait_until_sync(lambda: job.last_step() >= 3 and _last(job).get("world_size") == 3, 90, "three nodes training")
+        wait_until_sync(lambda: job.last_step() >= 3 and last(job).get("world_size") == 3, 90, "three nodes training")
         yield job
     finally:
         job.stop()

@@ -22,39 +22,17 @@ from gridwatch.console.demo.cluster import trainer_unavailable
 from gridwatch.playbooks.blame_collectives import BlameReason, CollectiveVerdict, Culprit, blame
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.playbooks.engine import Engine
-from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire import protocol as p
-from gridwatch.wire.control import CollectiveEntry, CollectiveRecord, CollectiveState, ProcessGroupInfo
+from gridwatch.wire.control import CollectiveState
 from tests.conftest import start_agent, stop_agent, wait_until, wait_until_sync
-
-NODES = ["node-1", "node-2", "node-3"]
-
-
-def _engine() -> tuple[Engine, ManualClock]:
-    clock = ManualClock(1000.0)
-    engine = Engine([pb for pb in load_builtin() if pb.name in ("nccl-timeout", "trainer-unresponsive")], clock)
-    for name in NODES:
-        engine.observe(name, p.Hello(node=p.Text(name), ts=clock.now()))
-        engine.observe(name, p.Sample(node=p.Text(name), ts=clock.now(),
-                                      trainer=p.TrainerStatus(job=p.Text("run"), step=10)))
-    return engine, clock
-
-
-def _record(node: str, last: int, state: CollectiveState, now: float = 1050.0) -> CollectiveRecord:
-    """A rank's record as gridwatch.trainer.flight keeps it: group "g0" of the three nodes, collectives 1..last."""
-    entries = [CollectiveEntry(pg=p.Text("g0"), seq=s, op=p.Text("all_reduce"), numel=8, dtype=p.Text("float32"),
-                               state=CollectiveState.COMPLETED if s < last else state, scheduled_at=1000.0 + s,
-                               started_at=1000.0 + s, ended_at=1000.0 + s if s < last else None)
-               for s in range(1, last + 1)]
-    return CollectiveRecord(node=p.Text(node), pid=1, now=now, entries=entries, groups=[
-        ProcessGroupInfo(name=p.Text("g0"), ordinal=0, rank=NODES.index(node), members=[p.Text(n) for n in NODES])])
+from tests.support_blame import NODES, make_engine, make_record
 
 
 def _node3_never_entered() -> CollectiveVerdict:
-    verdict = blame({"node-1": _record("node-1", 41, CollectiveState.STARTED),
-                     "node-2": _record("node-2", 41, CollectiveState.STARTED),
-                     "node-3": _record("node-3", 40, CollectiveState.COMPLETED)}, min_wait_s=1.0)
+    verdict = blame({"node-1": make_record("node-1", 41, CollectiveState.STARTED),
+                     "node-2": make_record("node-2", 41, CollectiveState.STARTED),
+                     "node-3": make_record("node-3", 40, CollectiveState.COMPLETED)}, min_wait_s=1.0)
     assert verdict is not None and verdict.nodes == ["node-3"]
     return verdict
 
@@ -65,7 +43,7 @@ def _timeout(engine: Engine, node: str, clock: ManualClock) -> list:
 
 
 def test_the_verdict_wins_over_the_one_silent_node_and_plans_before_the_storm_settles() -> None:
-    engine, clock = _engine()
+    engine, clock = make_engine()
     # node-1 and node-3 time out; node-2 stays silent, so the old rule would isolate node-2.
     assert _timeout(engine, "node-1", clock) == [] and _timeout(engine, "node-3", clock) == []
     (incident,) = engine.incidents()
@@ -84,7 +62,7 @@ def test_the_verdict_wins_over_the_one_silent_node_and_plans_before_the_storm_se
 
 
 def test_without_a_verdict_the_silent_node_rule_still_decides() -> None:
-    engine, clock = _engine()
+    engine, clock = make_engine()
     _timeout(engine, "node-1", clock)
     _timeout(engine, "node-3", clock)
     clock.advance(31.0)
@@ -93,7 +71,7 @@ def test_without_a_verdict_the_silent_node_rule_still_decides() -> None:
 
 
 def test_a_frozen_trainer_reported_late_is_isolated_by_the_verdict_kept_for_its_job() -> None:
-    engine, clock = _engine()
+    engine, clock = make_engine()
     frozen = CollectiveVerdict(pg="g0", seq=41, op="all_reduce", world=3, waiting=[0, 1],
                                culprits=[Culprit(rank=2, node="node-3", reason=BlameReason.NO_ANSWER)],
                                summary="rank 2 on node-3 did not answer (frozen or gone) while 2 ranks wait in all_reduce #41")
@@ -104,7 +82,7 @@ def test_a_frozen_trainer_reported_late_is_isolated_by_the_verdict_kept_for_its_
     assert [s.step for s in plan.steps] == ["capture_scene", "isolate_node", "notify"]
     assert plan.incident.blamed == ["node-3"] and "did not answer" in plan.incident.blame_why
     # A verdict older than BLAME_FRESH names nothing: a later trainer exit gets the plain plan.
-    engine2, clock2 = _engine()
+    engine2, clock2 = make_engine()
     engine2.hang_verdict("run", frozen)
     clock2.advance(120.0)
     for name in NODES:
@@ -115,7 +93,7 @@ def test_a_frozen_trainer_reported_late_is_isolated_by_the_verdict_kept_for_its_
 
 
 def test_the_blame_is_kept_in_sqlite_and_read_back(tmp_path: Path) -> None:
-    engine, clock = _engine()
+    engine, clock = make_engine()
     _timeout(engine, "node-1", clock)
     (incident,) = engine.incidents()
     plan = engine.blame(incident.id, _node3_never_entered())
@@ -135,10 +113,11 @@ def test_the_blame_is_kept_in_sqlite_and_read_back(tmp_path: Path) -> None:
 async def test_the_operator_sees_who_is_blamed_in_the_incident_detail_and_the_headless_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gridwatch.console.cli.ui import _headless
-    from gridwatch.console.runtime.core import ConsoleRuntime, StoreIncidents
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.incidents import StoreIncidents
     from gridwatch.console.tui.screens.incidents import incident_detail
 
-    engine, clock = _engine()
+    engine, clock = make_engine()
     _timeout(engine, "node-1", clock)
     (incident,) = engine.incidents()
     plan = engine.blame(incident.id, _node3_never_entered())
@@ -188,12 +167,11 @@ def test_a_record_read_through_the_agent_decodes_in_the_runtime_and_is_cleaned()
 @pytest.mark.skipif(trainer_unavailable() is not None, reason="the trainer is not in this build")
 async def test_a_frozen_worker_in_a_real_job_is_blamed_and_isolated_by_the_runtime(keys, tmp_path: Path) -> None:
     from gridwatch.agent.trainer_link import TrainerLink
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.sshlink.hostlist import parse_endpoints
     from gridwatch.trainer.launch import start_local_run
     from gridwatch.wire.control import read_status
-    from tests.test_fault_effects import _last
-    from tests.test_trainer_e2e import tiny
+    from tests.support_trainer import last, tiny
 
     cfg = tiny(tmp_path / "run", steps=100_000, tier0_every=1000, tier1_every=1000, tier2_every=1000,
                progress_deadline_s=6.0)
@@ -202,7 +180,7 @@ async def test_a_frozen_worker_in_a_real_job_is_blamed_and_isolated_by_the_runti
     runtime = None
     pid = 0
     try:
-        await asyncio.to_thread(wait_until_sync, lambda: job.last_step() >= 3 and _last(job).get("world_size") == 3,
+        await asyncio.to_thread(wait_until_sync, lambda: job.last_step() >= 3 and last(job).get("world_size") == 3,
                                 90, "three nodes training")
         for name in NODES:
             ra = await start_agent(keys, name=name, gpus=1, interval=0.25)

@@ -12,10 +12,7 @@ import pytest
 
 from gridwatch.console.cli import build_parser
 from tests.conftest import ROOT, start_agent, stop_agent
-
-
-def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gridwatch", *args], cwd=ROOT, capture_output=True, text=True, input=input, timeout=60)
+from tests.support_cli import run_cli
 
 
 def _all_commands(parser, prefix=()):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gridwatch.console.runtime.config import ConfigError, cadence_line, parse_cluster, parse_summary_every, summary_cadence
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.sshlink.hostlist import parse_endpoints
-from tests.test_runtime_config import cluster_toml, gridwatch  # one way to run the CLI on a cluster.toml
+from tests.support_cli import cluster_toml, gridwatch  # one way to run the CLI on a cluster.toml
 
 
 @pytest.mark.parametrize("nodes, every", [(10, 0.0), (500, 0.0), (1_000, 2.0), (2_000, 4.0), (2_500, 5.0), (12_500, 5.0),

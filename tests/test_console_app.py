@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 import pytest
 from textual import events
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
-from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
+from gridwatch.console.runtime.core import ConsoleRuntime
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import (
     CommandLine,
@@ -22,68 +19,9 @@ from gridwatch.console.tui.screens import (
     TrainingScreen,
 )
 from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
-from gridwatch.wire.protocol import ActionResult, Event, LogLine, Text
-from tests.test_state import T0, fill_fleet, make_hello, make_sample, make_trainer
-
-SIZE = (160, 50)
-EVIL = "[bold red]EVIL[/][link=http://x]click[/link]"
-
-
-class RecordingFleet:
-    """An in-memory fleet: records actions and log subscriptions, answers searches from a list."""
-
-    def __init__(self, lines: list[LogLine] | None = None) -> None:
-        self.actions: list[tuple[str, str, str]] = []
-        self.subscriptions: list[tuple[str, bool]] = []
-        self.lines = lines or []
-        self.release = asyncio.Event()
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def action(self, node, action, args=None, reason="", timeout=30.0) -> ActionResult:  # noqa: ANN001
-        self.actions.append((node, action, reason))
-        return ActionResult(id=Text("1"), action=Text(action), ok=True, node=Text(node))
-
-    async def search(self, pattern, nodes=None, since=None, until=None, limit=500, on_progress=None):  # noqa: ANN001
-        if on_progress:
-            on_progress(1, 2)
-        await self.release.wait()
-        if on_progress:
-            on_progress(2, 2)
-        return self.lines
-
-    def subscribe_logs(self, node: str, on: bool) -> None:
-        self.subscriptions.append((node, on))
-
-
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ANN001
-    """Let the app run until ``condition`` holds; fail after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(0.01)
-
-
-def shown(app: GridwatchApp, screen_type: type) -> bool:
-    """The view is on top and has drawn itself from the store."""
-    return isinstance(app.screen, screen_type) and app.screen.ready
-
-
-def make_app(names: list[str] | None = None, *, read_only: bool = False, role: str = "operator",
-             fleet: RecordingFleet | None = None) -> GridwatchApp:
-    store = StateStore(ManualClock(T0))
-    fill_fleet(store, names if names is not None else [f"node{i:02d}" for i in range(1, 9)])
-    for node in list(store.nodes.values()):
-        store.set_link(node.key, node.link, role=role)  # the role the agent gave, as the fleet records it
-    incidents = MemoryIncidents(store.clock)
-    incidents.add(IncidentRow(id="inc-1", severity="critical", node="node03", title="XID 79: GPU fell off the bus",
-                              state="open", detected_at=T0 - 30, playbook="gpu-lost",
-                              plan=["capture_scene", "isolate", "restart_from_checkpoint"]))
-    runtime = ConsoleRuntime(store, fleet=fleet, incidents=incidents, read_only=read_only)
-    return GridwatchApp(runtime, tick_seconds=3600, start_runtime=False)
+from gridwatch.wire.protocol import Event, LogLine, Text
+from tests.support_app import EVIL, SIZE, RecordingFleet, make_app, screen_text, shown, terminal_bytes, wait_for
+from tests.support_frames import T0, fill_fleet, make_hello, make_sample, make_trainer
 
 
 def table_keys(app: GridwatchApp, selector: str) -> list[str]:
@@ -209,17 +147,6 @@ async def test_the_help_says_the_summaries_cadence_and_lists_no_takeover_without
     assert "takeover" not in usage_line(app.offers) and "takeover" in usage_line()
 
 
-def screen_text(app: GridwatchApp) -> str:
-    """What the terminal shows, as plain text lines."""
-    update = app.screen._compositor.render_full_update()
-    return "\n".join("".join(strip.text for strip in line) for line in update.strips)
-
-
-def terminal_bytes(app: GridwatchApp) -> str:
-    """What would be written to the terminal, escape sequences and all."""
-    return app.screen._compositor.render_full_update().render_segments(app.console)
-
-
 async def test_node_isolate_asks_first_and_cancel_sends_nothing() -> None:
     fleet = RecordingFleet()
     app = make_app(fleet=fleet)
@@ -298,7 +225,7 @@ async def test_a_silence_takes_the_playbooks_duration_grammar() -> None:
 
 @pytest.mark.parametrize("scheduler", ["none", "slurm"])
 async def test_isolate_and_unisolate_from_the_node_view_say_what_happens_and_are_audited(tmp_path, scheduler) -> None:
-    from gridwatch.console.runtime.core import StoreIncidents
+    from gridwatch.console.runtime.incidents import StoreIncidents
     from gridwatch.playbooks.executor import Executor
     from gridwatch.playbooks.store import IncidentStore
 

@@ -12,8 +12,8 @@ from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import start_agent, stop_agent
-from tests.test_console_app import SIZE, make_app, screen_text, shown, wait_for
-from tests.test_state_checks import patrol_failed, patrol_recovered
+from tests.support_app import SIZE, make_app, screen_text, shown, wait_for
+from tests.support_frames import patrol_failed, patrol_recovered
 
 
 def flags(app: GridwatchApp) -> dict[str, str]:

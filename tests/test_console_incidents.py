@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
-from gridwatch.console.runtime.core import ConsoleRuntime, StoreIncidents
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.runtime.incidents import StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import ConfirmScreen, IncidentsScreen
 from gridwatch.console.tui.widgets import TextTable
@@ -14,8 +15,8 @@ from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.store import IncidentStore
 from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.wire.protocol import Event, Text
-from tests.test_console_app import screen_text, shown, wait_for
-from tests.test_state import T0, make_hello, make_sample
+from tests.support_app import screen_text, shown, wait_for
+from tests.support_frames import T0, make_hello, make_sample
 
 
 @dataclass
@@ -68,8 +69,8 @@ async def test_an_xid_becomes_an_incident_that_survives_a_restart_and_is_acknowl
 
 
 def test_the_executor_probe_reads_heartbeat_isolation_and_checkpoints_from_the_store() -> None:
-    from gridwatch.console.runtime.core import StoreProbe
-    from tests.test_state import make_trainer
+    from gridwatch.console.runtime.incidents import StoreProbe
+    from tests.support_frames import make_trainer
 
     clock = ManualClock(T0)
     store = StateStore(clock)

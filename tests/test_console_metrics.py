@@ -1,7 +1,7 @@
 """The console's own /metrics: a real runtime through a real incident, scraped by a real Prometheus; the dashboard answers.
 
 Real agents on loopback SSH relaying trainer control sockets (the stand-in job of
-``tests/test_runtime_loop.py``), the runtime built by ``build_runtime``, SQLite,
+``tests/support_loop.py``), the runtime built by ``build_runtime``, SQLite,
 and Debian's prometheus scraping the runtime's /metrics; every panel of the
 shipped Grafana dashboard is asked through it.
 """
@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from gridwatch.console.runtime.config import ConfigError, parse_cluster
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
 from gridwatch.console.runtime.metrics import serve_metrics
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from tests.conftest import wait_until, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
-from tests.test_prometheus_dashboard import _LABEL_VALUES, _regex_escape, substitute
-from tests.test_runtime_loop import FakeJob, agents_beside, runtime_over, stop_beside
+from tests.support_grafana import LABEL_VALUES, regex_escape, substitute
+from tests.support_loop import FakeJob, agents_beside, runtime_over, stop_beside
 
 DASHBOARD = Path(__file__).parent.parent / "deploy" / "grafana" / "gridwatch-console.json"
 
@@ -37,10 +37,10 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def grafana_all(prom: Prometheus) -> dict[str, str]:
     values: dict[str, str] = {}
     for variable in json.loads(DASHBOARD.read_text())["templating"]["list"]:
-        match = _LABEL_VALUES.fullmatch(str(variable.get("query", "")).strip())
+        match = LABEL_VALUES.fullmatch(str(variable.get("query", "")).strip())
         if variable.get("type") == "query" and match is not None:
             found = prom.label_values(match.group(2), match.group(1).strip())
-            values[variable["name"]] = "(" + "|".join(_regex_escape(v) for v in found) + ")"
+            values[variable["name"]] = "(" + "|".join(regex_escape(v) for v in found) + ")"
     return values
 
 
@@ -153,7 +153,7 @@ async def _check_dashboard(prom: Prometheus) -> None:
 
 
 def test_a_bad_metrics_flag_is_one_line_and_exit_2_on_console_and_demo(tmp_path: Path) -> None:
-    from tests.test_cli_basics import run_cli
+    from tests.support_cli import run_cli
 
     for name in ("k", "h"):
         (tmp_path / name).write_text("")
@@ -172,7 +172,7 @@ def test_promtool_finds_nothing_wrong_with_the_console_metrics() -> None:
 
     from gridwatch.console.runtime.metrics import ConsoleMetrics
     from gridwatch.wire.protocol import ActionResult, Text
-    from tests.test_goodput_view import trained_runtime
+    from tests.support_app import trained_runtime
 
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package prometheus)")

@@ -6,12 +6,11 @@ import time
 
 import pytest
 
-from gridwatch.console.fleet.state import CheckVerdict, PreflightResult
+from gridwatch.console.fleet.node import CheckVerdict, PreflightResult
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.wire.protocol import Event, LogLine, Text
-from tests.test_console_app import make_app, shown, wait_for
-from tests.test_state import T0, make_sample, make_trainer
-from tests.test_state_checks import patrol_failed
+from tests.support_app import make_app, shown, wait_for
+from tests.support_frames import T0, make_sample, make_trainer, patrol_failed
 
 SIZE = (160, 50)
 
@@ -101,7 +100,7 @@ def test_training_view(snap_compare) -> None:
 
 
 def test_incidents_view(snap_compare) -> None:
-    from gridwatch.console.runtime.core import IncidentRow
+    from gridwatch.console.runtime.incidents import IncidentRow
     from gridwatch.console.tui.screens import IncidentsScreen
 
     app = fleet_app()

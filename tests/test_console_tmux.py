@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import FleetScreen, NodeScreen
 from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
 from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import ROOT, start_agent, stop_agent, wait_until
-from tests.test_console_app import shown
+from tests.support_app import shown
 
 pytestmark = pytest.mark.slow
 

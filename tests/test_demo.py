@@ -240,7 +240,7 @@ def _cmdline(proc: psutil.Process) -> str:
 class _Fleet:
     """Answers actions from a script, like an agent whose trainer is re-forming."""
 
-    def __init__(self, answers: list[tuple[bool, str]]) -> None:
+    def __init__(self, answers: list[tuple[bool, str, str | None]]) -> None:
         self.answers = answers
         self.sent: list[str] = []
 
@@ -249,20 +249,21 @@ class _Fleet:
         from gridwatch.wire.protocol import ActionResult
 
         self.sent.append(action)
-        ok, message = self.answers.pop(0) if self.answers else (True, "done")
-        return ActionResult(id="a", action=action, ok=ok, message=message)
+        ok, message, code = self.answers.pop(0) if self.answers else (True, "done", None)
+        return ActionResult(id="a", action=action, ok=ok, message=message, code=code)
 
 
 async def test_a_restart_waits_for_a_trainer_between_two_lives_and_other_failures_stand() -> None:
     from gridwatch.console.runtime.core import ConsoleRuntime
 
-    absent = (False, "trainer control socket /x.sock: no trainer is listening at /x.sock")
-    fleet = _Fleet([absent, absent, (True, "restart_from accepted")])
+    # The agent says why in a code; the message is for people and may say anything.
+    absent = (False, "trainer control socket /x.sock: no trainer is listening at /x.sock", "trainer_absent")
+    fleet = _Fleet([absent, absent, (True, "restart_from accepted", None)])
     runtime = ConsoleRuntime(fleet=fleet, retry_every=0.0)
     result = await runtime.act("node-1", "restart_from", {"checkpoint": "newest"}, "test")
     assert result.ok and fleet.sent == ["restart_from"] * 3
 
-    refused = _Fleet([(False, "restart_from: no valid checkpoint")])
+    refused = _Fleet([(False, "restart_from: no valid checkpoint", None)])
     assert not (await ConsoleRuntime(fleet=refused, retry_every=0.0).act("node-1", "restart_from", {}, "test")).ok
     assert refused.sent == ["restart_from"]
 

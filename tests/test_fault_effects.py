@@ -9,7 +9,6 @@ react. The collective timeout of these jobs is their progress deadline.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from gridwatch.wire.simdevices import (
     write_state,
 )
 from tests.conftest import wait_until, wait_until_sync
+from tests.support_trainer import last, tiny
 
 NODES = ["node-1", "node-2"]
 
@@ -120,28 +120,19 @@ def _log(run, node: str) -> str:
         return ""
 
 
-def _last(run) -> dict:
-    try:
-        lines = run.metrics_path.read_text().splitlines()
-        return json.loads(lines[-1]) if lines else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _start(tmp_path: Path, deadline: float):
     from gridwatch.trainer.launch import start_local_run
-    from tests.test_trainer_e2e import tiny
 
     cfg = tiny(tmp_path / "run", steps=100_000, tier0_every=3, tier1_every=1000, tier2_every=1000,
                progress_deadline_s=deadline)
     run = start_local_run(cfg, NODES)
-    wait_until_sync(lambda: run.last_step() >= 3 and _last(run).get("world_size") == 2, 90, "both nodes training")
+    wait_until_sync(lambda: run.last_step() >= 3 and last(run).get("world_size") == 2, 90, "both nodes training")
     return run
 
 
 def _trains_on(run, world: int, steps: int = 3, timeout: float = 60) -> None:
     start = run.last_step()
-    wait_until_sync(lambda: run.last_step() >= start + steps and _last(run).get("world_size") == world, timeout,
+    wait_until_sync(lambda: run.last_step() >= start + steps and last(run).get("world_size") == world, timeout,
                     f"training on {world} node(s) past step {start + steps}; logs in {run.run_dir / 'logs'}")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from gridwatch.console.fleet.state import ManualClock, Metric, StateStore
-from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.fleet.metrics import Metric
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.runtime.incidents import MemoryIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
 from gridwatch.console.tui.widgets.heatmap import group_runs

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import random
 
-from gridwatch.console.fleet.state import (
+from gridwatch.console.fleet.node import CheckVerdict, NodeStatus, PreflightResult
+from gridwatch.console.fleet.rows import (
     FILTER_EVERY_S,
     VALUE_ORDER_EVERY_S,
-    CheckVerdict,
     FleetSummary,
-    ManualClock,
-    NodeStatus,
-    PreflightResult,
-    StateStore,
-    _sort_value,
+    sort_value,
 )
-from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.fleet.state import ManualClock, StateStore
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.runtime.incidents import MemoryIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.wire.protocol import Event, Text
-from tests.test_state import T0, fill_fleet, make_hello, make_sample
+from tests.support_frames import T0, fill_fleet, make_hello, make_sample
 
 NAMES = [f"node{i:02d}" for i in range(1, 9)]
 
@@ -36,10 +34,10 @@ def walked_summary(store: StateStore) -> FleetSummary:
 def walked_order(store: StateStore, sort: str, reverse: bool = False) -> list[str]:
     """The node table's order the slow way: a row for every node, sorted whole."""
     now = store.clock.now()
-    rows = sorted((store.node_row(n, now) for n in store.nodes.values()), key=lambda r: _sort_value(r, sort),
+    rows = sorted((store.node_row(n, now) for n in store.nodes.values()), key=lambda r: sort_value(r, sort),
                   reverse=reverse)
     if reverse:
-        rows.sort(key=lambda r: _sort_value(r, sort)[0])
+        rows.sort(key=lambda r: sort_value(r, sort)[0])
     return [r.name for r in rows]
 
 

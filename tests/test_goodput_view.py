@@ -2,50 +2,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from gridwatch.console.fleet.goodput import TimeUse
-from gridwatch.console.fleet.state import ManualClock, StateStore
-from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow, MemoryIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import FleetScreen, TrainingScreen
 from gridwatch.console.tui.screens.training import BAR_WIDTH, bar_cells
-from gridwatch.wire.protocol import Text, TrainerStatus
-from tests.test_console_app import EVIL, SIZE, screen_text, shown, wait_for
-from tests.test_state import T0, make_hello, make_sample
+from tests.support_app import SIZE, screen_text, shown, trained_runtime, wait_for
+from tests.support_frames import T0
 
 FULL_BLOCK = "\u2588"
-
-
-def _status(phase: str, step: int) -> TrainerStatus:
-    return TrainerStatus(job=Text(EVIL), phase=Text(phase), step=step, loss=2.0, world_size=1,
-                         membership=[Text("node01")], checkpoints={"0": 0})
-
-
-def trained_runtime() -> ConsoleRuntime:
-    """60 s of one-a-second steps, a 10 s hang (5 s of it before the incident), 10 s restoring, 20 s of steps."""
-    clock = ManualClock(T0)
-    store = StateStore(clock)
-    incidents = MemoryIncidents(clock)
-    runtime = ConsoleRuntime(store, incidents=incidents)
-    link = SimpleNamespace(endpoint="node01")
-    runtime.on_frame(link, make_hello("node01", gpus=2))
-    seq = 0
-
-    def at(t: float, phase: str, step: int) -> None:
-        nonlocal seq
-        seq += 1
-        clock.set(T0 + t)
-        runtime.on_frame(link, make_sample("node01", seq, gpus=2, trainer=_status(phase, step)))
-
-    for k in range(61):
-        at(k, "training", k)
-    at(70, "restarting", 60)
-    for j in range(21):
-        at(80 + j, "training", 60 + j)
-    incidents.add(IncidentRow(id="inc-1", severity="critical", node="node01", title="hang", state="open",
-                              detected_at=T0 + 65, fault_at=T0 + 60, recovered_at=T0 + 81))
-    return runtime
 
 
 def test_the_runtime_feeds_the_breakdown_from_the_frames_it_sees() -> None:

@@ -22,7 +22,7 @@ from gridwatch.sshlink.ratelimit import KeyedBuckets, TokenBucket
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until, wait_until_async
-from tests.test_stream import make_fleet, of_type
+from tests.support_stream import make_fleet, of_type
 
 OPERATOR = Caller(username="op", role="operator", key="SHA256:op")
 

@@ -33,8 +33,8 @@ from gridwatch.wire import protocol as p
 from gridwatch.wire.control import ControlReply, TrainerUnavailable, encode_reply, read_status
 from gridwatch.wire.protocol import Event, Hello, Sample, Text, TrainerStatus
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
-from tests.test_hardening_trainer import NOBODY, _finished, _manifest, _state, as_nobody, as_root
-from tests.test_stream import make_fleet
+from tests.support_hardening import NOBODY, as_nobody, as_root, finished, make_manifest, state
+from tests.support_stream import make_fleet
 
 VIEWER = Caller(username="v", role="viewer", key="SHA256:viewer")
 
@@ -135,11 +135,11 @@ def test_a_finished_run_removes_only_its_checkpoints_from_a_configured_tier0_dir
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), tier0_dir=str(home), steps=20)
     Path(cfg.run_dir).mkdir(mode=0o700)
     for node in ("node-1", "node-2"):
-        write_checkpoint(cfg.tier_root(0, node), _state(1), _manifest(10, tier=0))
+        write_checkpoint(cfg.tier_root(0, node), state(1), make_manifest(10, tier=0))
 
     assert release_tier0(cfg, "node-2") == []  # what node-2's worker does when the run is done
     assert not (home / "node-2").exists() and (home / "node-1" / "step-00000010").is_dir()
-    assert _finished(cfg, 20).wait(30) == 0  # the launcher, at the end of the run
+    assert finished(cfg, 20).wait(30) == 0  # the launcher, at the end of the run
     assert not (home / "node-1").exists(), "the run's checkpoints are given back"
     assert (home / "notes.txt").read_text() == "mine" and (home / "projects" / "plan.md").read_text() == "mine too"
 

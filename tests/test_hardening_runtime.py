@@ -37,7 +37,7 @@ def _mode(path: Path) -> int:
 
 
 def _runtime(ra, keys, db: Path, **extra):
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.sshlink.hostlist import Endpoint
 
     return build_runtime(RuntimeOptions(endpoints=[Endpoint("127.0.0.1", ra.port)], key_path=str(keys.operator_key),
@@ -251,7 +251,7 @@ def _seeded_db(path: Path) -> list[str]:
 
 
 def test_bad_rows_are_skipped_and_named_and_the_console_still_starts(keys, tmp_path):
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.sshlink.hostlist import Endpoint
 
     db = tmp_path / "incidents.db"

@@ -23,44 +23,16 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from gridwatch.trainer.checkpoint import CheckpointInvalid, Manifest, list_checkpoints, load_tensors, validate, write_checkpoint
+from gridwatch.trainer.checkpoint import CheckpointInvalid, list_checkpoints, load_tensors, validate, write_checkpoint
 from gridwatch.trainer.config import TrainConfig, tier0_base
 from gridwatch.trainer.control_server import ControlServer
-from gridwatch.trainer.launch import LaunchError, LocalRun, prepare
+from gridwatch.trainer.launch import LaunchError, prepare
 from gridwatch.trainer.restore import local_candidates, restore_newest
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
 from gridwatch.wire.control import read_status, request
 from gridwatch.wire.protocol import Text, TrainerStatus
 from tests.conftest import ROOT
-
-NOBODY = 65534
-MODEL = "m"
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second local user (nobody)")
-
-
-def as_nobody(fn: Callable[[], bytes | None], gid: int = NOBODY) -> bytes:
-    """Run ``fn`` in a forked child as uid nobody (primary group ``gid``); returns what it returns."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([gid])
-            os.setgid(gid)
-            os.setuid(NOBODY)
-            os.write(w, fn() or b"")
-            code = 0
-        except BaseException as exc:
-            os.write(w, f"child failed: {exc!r}".encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        out = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, out.decode(errors="replace")
-    return out
+from tests.support_hardening import MODEL, NOBODY, as_nobody, as_root, finished, make_manifest, state
 
 
 @pytest.fixture
@@ -69,15 +41,6 @@ def logs() -> Iterator[list[str]]:
     sink = logger.add(lambda m: lines.append(str(m)), format="{message}", level="DEBUG")
     yield lines
     logger.remove(sink)
-
-
-def _state(seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {"model.w": torch.randn(64, generator=g)}
-
-
-def _manifest(step: int, tier: int = 1) -> Manifest:
-    return Manifest(step=step, epoch=0, sampler_position=step, tier=tier, world_size=1, model=MODEL)
 
 
 def _payload(marker: Path) -> bytes:
@@ -144,7 +107,7 @@ def test_a_tier0_step_planted_by_another_user_is_refused_and_never_runs(
 ) -> None:
     cfg = prepare(shm_run, resume=False)
     root = cfg.tier0_root()
-    write_checkpoint(cfg.tier_root(1, "node-1"), _state(4), _manifest(4))
+    write_checkpoint(cfg.tier_root(1, "node-1"), state(4), make_manifest(4))
     shutil.rmtree(root, ignore_errors=True)  # the run ended (or the attacker won the race to the name)
 
     marker = tmp_path / "pwned"
@@ -155,7 +118,7 @@ def test_a_tier0_step_planted_by_another_user_is_refused_and_never_runs(
     manifest, skipped = restore_newest(cfg, "node-1", live, MODEL)  # what `restart_from newest` runs
     assert not marker.exists(), "the planted pickle never ran"
     assert manifest is not None and manifest.step == 4 and manifest.tier == 1, "the job falls back to its own checkpoint"
-    assert torch.equal(live["model.w"], _state(4)["model.w"])
+    assert torch.equal(live["model.w"], state(4)["model.w"])
     assert [line for line in skipped if f"owned by uid {NOBODY}" in line and "never loaded" in line], skipped
     assert any(str(root) in line and "never loaded" in line for line in logs)
 
@@ -166,7 +129,7 @@ def test_a_tier0_step_planted_by_another_user_is_refused_and_never_runs(
     # Writing is refused too: nothing of ours goes into another user's directory.
     outcomes: list[SaveOutcome] = []
     ckpt = TieredCheckpointer(cfg, "node-1", outcomes.append)
-    ckpt.snapshot(_state(5), _manifest(12, tier=0), {0}, tier2_owner=False)
+    ckpt.snapshot(state(5), make_manifest(12, tier=0), {0}, tier2_owner=False)
     assert ckpt.flush(30)
     ckpt.stop()
     assert [o.tier for o in outcomes if o.error] == [0] and f"owned by uid {NOBODY}" in outcomes[0].error
@@ -177,15 +140,15 @@ def test_a_tier0_step_planted_by_another_user_is_refused_and_never_runs(
 @as_root
 def test_steps_and_files_that_are_not_ours_or_not_private_are_never_loaded(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
-    good = write_checkpoint(root, _state(1), _manifest(10))
-    write_checkpoint(root, _state(2), _manifest(20))
+    good = write_checkpoint(root, state(1), make_manifest(10))
+    write_checkpoint(root, state(2), make_manifest(20))
     step = root / "step-00000020"
 
     def refused(why: str) -> None:
         with pytest.raises(CheckpointInvalid, match=why):
             validate(step, MODEL)
         with pytest.raises(CheckpointInvalid, match=why):
-            load_tensors(step, _state(0))
+            load_tensors(step, state(0))
 
     os.chown(step / ".metadata", NOBODY, NOBODY)
     refused(f".metadata is owned by uid {NOBODY}")
@@ -216,7 +179,7 @@ def test_checkpoints_are_written_private_whatever_the_umask(tmp_path: Path) -> N
     try:
         outcomes: list[SaveOutcome] = []
         ckpt = TieredCheckpointer(cfg, "node-1", outcomes.append)
-        ckpt.snapshot(_state(1), _manifest(40), {0, 1, 2}, tier2_owner=True)
+        ckpt.snapshot(state(1), make_manifest(40), {0, 1, 2}, tier2_owner=True)
         ckpt.protect("protective: test")
         assert ckpt.flush(30)
         ckpt.stop()
@@ -240,7 +203,7 @@ def test_a_symlink_at_the_tier0_path_is_refused(shm_run: TrainConfig, tmp_path: 
     root = cfg.tier0_root()
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
-    write_checkpoint(target / "node-1", _state(1), _manifest(10, tier=0))
+    write_checkpoint(target / "node-1", state(1), make_manifest(10, tier=0))
     root.rmdir()
     root.symlink_to(target)
     try:
@@ -251,7 +214,7 @@ def test_a_symlink_at_the_tier0_path_is_refused(shm_run: TrainConfig, tmp_path: 
         assert refused and "is a symbolic link" in refused[0] and "never loaded" in refused[0]
         outcomes: list[SaveOutcome] = []
         ckpt = TieredCheckpointer(cfg, "node-1", outcomes.append)
-        ckpt.snapshot(_state(2), _manifest(12, tier=0), {0}, tier2_owner=False)
+        ckpt.snapshot(state(2), make_manifest(12, tier=0), {0}, tier2_owner=False)
         assert ckpt.flush(30)
         ckpt.stop()
         assert outcomes[0].error and "is a symbolic link" in outcomes[0].error
@@ -270,31 +233,24 @@ def test_tier0_is_in_a_private_xdg_runtime_dir_when_there_is_one(tmp_path: Path,
     assert cfg.tier0_root().parent != xdg
 
 
-def _finished(cfg: TrainConfig, last_step: int) -> LocalRun:
-    """A run whose nodes have exited, the last at ``last_step`` (stand-ins for the store and the node)."""
-    Path(cfg.run_dir, "metrics.jsonl").write_text(json.dumps({"step": last_step, "loss": 1.0}) + "\n")
-    true = shutil.which("true") or "/bin/true"
-    return LocalRun(cfg=cfg, store=subprocess.Popen([true]), port=0, nodes={"node-1": subprocess.Popen([true])})
-
-
 def test_a_finished_run_removes_tier0_and_an_interrupted_one_keeps_it_private(tmp_path: Path) -> None:
     cfg = prepare(TrainConfig(run_dir=str(tmp_path / "run"), steps=20), resume=False)
     root = cfg.tier0_root()
-    write_checkpoint(cfg.tier_root(0, "node-1"), _state(1), _manifest(10, tier=0))
+    write_checkpoint(cfg.tier_root(0, "node-1"), state(1), make_manifest(10, tier=0))
 
-    _finished(cfg, 12).stop()  # interrupted (Ctrl-C): kept for --resume, and private
+    finished(cfg, 12).stop()  # interrupted (Ctrl-C): kept for --resume, and private
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     resumed = prepare(TrainConfig(run_dir=cfg.run_dir, steps=20), resume=True)
     assert resumed.tier0_root() == root
     assert [s for s, _ in list_checkpoints(resumed.tier_root(0, "node-1"))] == [10]
 
-    assert _finished(resumed, 20).wait(30) == 0
+    assert finished(resumed, 20).wait(30) == 0
     assert not root.exists(), "a finished run gives its RAM tier back"
 
 
 def test_resuming_past_checkpoints_that_would_be_refused_stops_with_a_reason(tmp_path: Path) -> None:
     cfg = prepare(TrainConfig(run_dir=str(tmp_path / "run")), resume=False)
-    step = write_checkpoint(cfg.tier_root(1, "node-1"), _state(1), _manifest(20))
+    step = write_checkpoint(cfg.tier_root(1, "node-1"), state(1), make_manifest(20))
     step.chmod(0o755)  # as an older trainer, under umask 022, left it
     with pytest.raises(LaunchError, match=r"cannot resume: .*step-00000020 is open to group or others \(mode 0755\)"):
         prepare(TrainConfig(run_dir=cfg.run_dir), resume=True)

@@ -107,7 +107,7 @@ def _assert_no_hostile_sequence(raw: str) -> None:
 
 
 async def _training_view_bytes(sample: p.Sample) -> tuple[str, str]:
-    from tests.test_console_app import make_app, screen_text, shown, terminal_bytes, wait_for
+    from tests.support_app import make_app, screen_text, shown, terminal_bytes, wait_for
 
     app = make_app(["node-1"])
     app.runtime.store.apply(sample)
@@ -231,7 +231,7 @@ def test_replay_reports_a_deep_line_and_goes_on(tmp_path: Path, capsys: pytest.C
 
 
 async def test_a_disconnect_reason_full_of_escapes_is_never_logged_stored_or_shown_raw(keys) -> None:
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 
     logged: list[str] = []
     sink = logger.add(lambda message: logged.append(str(message)), level="DEBUG")
@@ -282,7 +282,7 @@ def _hostile_publish(agent: Any, claim: str) -> None:
 
 
 async def test_an_agent_cannot_raise_an_xid_in_another_nodes_name(keys) -> None:
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 
     healthy = await start_agent(keys, name="node-1")
     hostile = await start_agent(keys, name="node-2")

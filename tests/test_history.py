@@ -20,7 +20,7 @@ from gridwatch.playbooks.replay import replay
 from gridwatch.playbooks.schema import check_text
 from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
 from gridwatch.wire.protocol import Event, GpuInfo, Hello, Text
-from tests.test_playbook_executor import FakeNotifier, FakeRunner, FakeSink
+from tests.support_executor import FakeNotifier, FakeRunner, FakeSink
 
 DATA = Path(__file__).parent / "data" / "history"
 TRACES = Path(__file__).parent / "traces" / "history"

@@ -7,12 +7,13 @@ import sqlite3
 from pathlib import Path
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
-from gridwatch.console.runtime.core import ConsoleRuntime, MemoryIncidents
+from gridwatch.console.runtime.core import ConsoleRuntime
+from gridwatch.console.runtime.incidents import MemoryIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import NodeScreen
 from gridwatch.playbooks.store import IncidentStore
-from tests.test_console_app import SIZE, RecordingFleet, shown, wait_for
-from tests.test_state import T0, fill_fleet
+from tests.support_app import SIZE, RecordingFleet, shown, wait_for
+from tests.support_frames import T0, fill_fleet
 
 DATA = Path(__file__).parent / "data" / "history"
 HOLD = "remediated 3 times within 7d: not returned to service by itself"

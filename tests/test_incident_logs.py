@@ -10,7 +10,7 @@ import pytest
 from rich.style import Style
 
 from gridwatch.agent.logs import LogTailer
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import IncidentsScreen, LogsScreen
 from gridwatch.console.tui.screens.logs import BLAMED_NODE_LINE, RANK_LINE
@@ -19,7 +19,7 @@ from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.plans import Incident, Plan
 from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.conftest import start_agent, stop_agent, wait_until
-from tests.test_console_app import screen_text, shown, wait_for
+from tests.support_app import screen_text, shown, wait_for
 
 # Written by us in the format of PyTorch's NCCL watchdog line (ProcessGroupNCCL.cpp), as reported in
 # https://github.com/XPixelGroup/BasicSR/issues/737; the times and counts are ours.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -21,26 +20,11 @@ from gridwatch.agent.fencing import refusal
 from gridwatch.console.runtime.leader import Election, EtcdClient, Role
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
-from gridwatch.sshlink.server import Caller
-from gridwatch.trainer.control_server import ControlServer
 from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
 from tests.etcd_server import running_etcd
-from tests.test_runtime_loop import agents_beside
-
-OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
-
-
-def _action_events(agent: object, action: str, ok: bool = True) -> list[p.Event]:
-    """The agent's own record of what it did: an ``action`` event per action that changed something."""
-    frames, _ = agent.ring.since(0)  # type: ignore[attr-defined]
-    out = []
-    for data in frames:
-        frame = p.decode_agent_frame(data)
-        if isinstance(frame, p.Event) and frame.kind == "action" and frame.details.get("action") == action:
-            if (": ok:" in str(frame.message)) == ok:
-                out.append(frame)
-    return out
+from tests.support_leader import OPERATOR, Job, action_events, console, incidents, plan_steps
+from tests.support_loop import agents_beside
 
 
 async def _send(fleet: Fleet, node: str, action: str, fence: int | None, key: str | None,
@@ -123,56 +107,6 @@ async def test_one_console_leads_a_standby_takes_over_and_an_unreachable_etcd_st
             await asyncio.gather(run_a, run_b, return_exceptions=True)
 
 
-class Job:
-    """Three nodes' trainers as their control sockets show them; a node's socket can be down (re-forming)."""
-
-    def __init__(self, tmp_path: Path, names: list[str]) -> None:
-        self.paths = {n: str(tmp_path / f"{n}.sock") for n in names}
-        self.servers: dict[str, ControlServer] = {}
-        self.step = 40
-
-    def status(self) -> p.TrainerStatus:
-        return p.TrainerStatus(job=p.Text("run"), phase=p.Text("training"), step=self.step,
-                               checkpoints={p.Text("0"): 35}, world_size=3)
-
-    def up(self, name: str) -> None:
-        server = ControlServer(self.paths[name], self.status, node=name)
-        server.start()
-        self.servers[name] = server
-
-    def down(self, name: str) -> None:
-        self.servers.pop(name).stop()
-
-    def stop(self) -> None:
-        for name in list(self.servers):
-            self.down(name)
-
-
-def _console(keys, spec: str, db: Path, etcd: str, who: str, log: Path) -> subprocess.Popen:  # noqa: ANN001
-    cmd = [PYTHON, "-m", "gridwatch", "console", "--headless", "--nodes", spec, "--key", str(keys.operator_key),
-           "--known-hosts", str(keys.known_hosts), "--db", str(db), "--etcd", etcd, "--operator", who,
-           "--control-socket", str(db.with_suffix(".sock"))]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _steps(db: Path, playbook: str) -> dict[str, tuple[str, str]]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT s.step, s.state, s.outcome FROM steps s JOIN incidents i ON i.id = s.incident"
-                            " WHERE i.playbook = ?", (playbook,)).fetchall()
-    return {step: (state, outcome) for step, state, outcome in rows}
-
-
-def _incidents(db: Path, playbook: str) -> list[str]:
-    if not db.exists():
-        return []
-    try:
-        with sqlite3.connect(db) as conn:
-            return [r[0] for r in conn.execute("SELECT id FROM incidents WHERE playbook = ?", (playbook,))]
-    except sqlite3.Error:
-        return []
-
-
 @pytest.mark.timeout(120)
 async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twice_and_the_paused_one_is_refused(
         keys, tmp_path: Path) -> None:
@@ -190,9 +124,9 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
             logs = [tmp_path / "a.log", tmp_path / "b.log"]
             for db in dbs:
                 db.parent.mkdir(mode=0o700)
-            consoles.append(_console(keys, spec, dbs[0], etcd.url, "alice", logs[0]))
+            consoles.append(console(keys, spec, dbs[0], etcd.url, "alice", logs[0]))
             await wait_until(lambda: "leader (token" in logs[0].read_text(), 30, "console a to lead")
-            consoles.append(_console(keys, spec, dbs[1], etcd.url, "bob", logs[1]))
+            consoles.append(console(keys, spec, dbs[1], etcd.url, "bob", logs[1]))
             await wait_until(lambda: "observer; alice@" in logs[1].read_text(), 30, "console b to observe")
             await wait_until(lambda: all(len(a.agent.clients) == 2 for a in agents), 30, "both consoles connected")
             await wait_until(lambda: all("training: 3 of 3" in log.read_text() for log in logs), 30,
@@ -205,10 +139,10 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
             fault = await agents[1].agent.act(OPERATOR, p.Action(id=p.Text("f1"), action=p.Text("inject_fault"),
                                                                  args={"kind": "xid", "gpu": 0, "code": 79}))
             assert fault.ok, fault.message
-            await wait_until(lambda: all(_incidents(db, "xid-hardware") for db in dbs), 15, "the incident in both")
-            assert _incidents(dbs[0], "xid-hardware") == _incidents(dbs[1], "xid-hardware")
-            await wait_until(lambda: _action_events(agents[1].agent, "isolate"), 15, "node-2 isolated")
-            await wait_until(lambda: _action_events(agents[0].agent, "restart_from", ok=False), 15,
+            await wait_until(lambda: all(incidents(db, "xid-hardware") for db in dbs), 15, "the incident in both")
+            assert incidents(dbs[0], "xid-hardware") == incidents(dbs[1], "xid-hardware")
+            await wait_until(lambda: action_events(agents[1].agent, "isolate"), 15, "node-2 isolated")
+            await wait_until(lambda: action_events(agents[0].agent, "restart_from", ok=False), 15,
                              "the restart meeting the job re-forming")
             consoles[0].send_signal(signal.SIGKILL)
             consoles[0].wait(10)
@@ -217,17 +151,17 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
             assert asyncio.get_running_loop().time() - killed_at < 10
             for name in ("node-1", "node-3"):
                 job.up(name)
-            await wait_until(lambda: _steps(dbs[1], "xid-hardware").get("restart_from_checkpoint", ("",))[0] == "done",
+            await wait_until(lambda: plan_steps(dbs[1], "xid-hardware").get("restart_from_checkpoint", ("",))[0] == "done",
                              30, "console b to finish the restart")
-            steps = _steps(dbs[1], "xid-hardware")
+            steps = plan_steps(dbs[1], "xid-hardware")
             assert steps["capture_scene"][0] == steps["isolate_node"][0] == "done", steps
             # No step twice, in every agent's own record.
-            assert len(_action_events(agents[1].agent, "isolate")) == 1
-            assert len(_action_events(agents[1].agent, "capture_scene")) == 1
+            assert len(action_events(agents[1].agent, "isolate")) == 1
+            assert len(action_events(agents[1].agent, "capture_scene")) == 1
             assert len(list((tmp_path / "scenes" / "node-2").iterdir())) == 1
             for ra in (agents[0], agents[2]):
-                assert len(_action_events(ra.agent, "restart_from")) == 1
-            assert not _action_events(agents[1].agent, "restart_from")
+                assert len(action_events(ra.agent, "restart_from")) == 1
+            assert not action_events(agents[1].agent, "restart_from")
             tokens = [int(line.split("token ")[1].rstrip(")")) for log in logs
                       for line in log.read_text().splitlines() if line.startswith("leader (token")]
             assert len(tokens) == 2 and tokens[1] > tokens[0]
@@ -283,7 +217,7 @@ async def test_kill_9_of_the_leader_mid_plan_the_standby_finishes_it_no_step_twi
 
 def test_the_etcd_url_reaches_the_runtime_from_cluster_toml_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
     from gridwatch.console.runtime.config import ConfigError, parse_cluster
-    from gridwatch.console.runtime.core import RuntimeOptions
+    from gridwatch.console.runtime.wiring import RuntimeOptions
 
     config = parse_cluster('nodes = "n1:8022"\netcd = "http://10.0.0.1:2379"\ncluster = "train-a"\n',
                            str(tmp_path / "cluster.toml"))

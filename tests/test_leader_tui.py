@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import FleetScreen, IncidentsScreen, NodeScreen
 from gridwatch.console.tui.screens.confirm import ConfirmScreen
@@ -22,8 +22,8 @@ from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.wire import protocol as p
 from tests.conftest import stop_agent, wait_until
 from tests.etcd_server import running_etcd
-from tests.test_leader import OPERATOR, Job, _action_events, _console, _incidents, _steps
-from tests.test_runtime_loop import agents_beside
+from tests.support_leader import OPERATOR, Job, action_events, console, incidents, plan_steps
+from tests.support_loop import agents_beside
 
 SIZE = (200, 45)  # wide enough for the status bar to show the whole role
 
@@ -57,9 +57,9 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
             logs = [tmp_path / "a.log", tmp_path / "b.log"]
             for db in dbs:
                 db.parent.mkdir(mode=0o700)
-            consoles.append(_console(keys, spec, dbs[0], etcd.url, "alice", logs[0]))
+            consoles.append(console(keys, spec, dbs[0], etcd.url, "alice", logs[0]))
             await wait_until(lambda: "leader (token" in logs[0].read_text(), 30, "console a to lead")
-            consoles.append(_console(keys, spec, dbs[1], etcd.url, "bob", logs[1]))
+            consoles.append(console(keys, spec, dbs[1], etcd.url, "bob", logs[1]))
 
             # The operator's screen: the same runtime `gridwatch console --etcd URL` builds, observing.
             runtime = build_runtime(RuntimeOptions(
@@ -90,22 +90,22 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
                 fault = await agents[1].agent.act(OPERATOR, p.Action(id=p.Text("f1"), action=p.Text("inject_fault"),
                                                                      args={"kind": "xid", "gpu": 0, "code": 79}))
                 assert fault.ok, fault.message
-                await wait_until(lambda: all(_incidents(db, "xid-hardware") for db in dbs), 15,
+                await wait_until(lambda: all(incidents(db, "xid-hardware") for db in dbs), 15,
                                  "the incident in all three consoles")
-                incident = _incidents(dbs[0], "xid-hardware")
-                assert len(incident) == 1 and _incidents(dbs[1], "xid-hardware") == _incidents(dbs[2], "xid-hardware") \
+                incident = incidents(dbs[0], "xid-hardware")
+                assert len(incident) == 1 and incidents(dbs[1], "xid-hardware") == incidents(dbs[2], "xid-hardware") \
                     == incident
-                await wait_until(lambda: _steps(dbs[0], "xid-hardware").get("restart_from_checkpoint", ("",))[0]
+                await wait_until(lambda: plan_steps(dbs[0], "xid-hardware").get("restart_from_checkpoint", ("",))[0]
                                  == "done", 30, "the leader to restart the job")
                 # The observers copy the leader's outcomes: the screen shows the plan done too.
-                await wait_until(lambda: _steps(dbs[2], "xid-hardware").get("restart_from_checkpoint", ("",))[0]
+                await wait_until(lambda: plan_steps(dbs[2], "xid-hardware").get("restart_from_checkpoint", ("",))[0]
                                  == "done", 10, "the screen to show the restart done")
-                assert _steps(dbs[2], "xid-hardware")["isolate_node"][0] == "done"
+                assert plan_steps(dbs[2], "xid-hardware")["isolate_node"][0] == "done"
                 # One isolation, one restart, in every agent's own record.
-                assert len(_action_events(agents[1].agent, "isolate")) == 1
-                assert len(_action_events(agents[0].agent, "restart_from")) == 1
-                assert len(_action_events(agents[2].agent, "restart_from")) == 1
-                assert not _action_events(agents[1].agent, "restart_from")
+                assert len(action_events(agents[1].agent, "isolate")) == 1
+                assert len(action_events(agents[0].agent, "restart_from")) == 1
+                assert len(action_events(agents[2].agent, "restart_from")) == 1
+                assert not action_events(agents[1].agent, "restart_from")
                 app.show_view("incidents")
                 await wait_until(lambda: isinstance(app.screen, IncidentsScreen) and app.screen.ready, 5,
                                  "the incidents view")
@@ -138,7 +138,7 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
                 acted = await runtime.node_action("node-1", "ping", "after the take-over")
                 assert acted.ok, acted.message  # the leader acts, with its new token
                 # No step twice after the takeover either.
-                assert len(_action_events(agents[1].agent, "isolate")) == 1
+                assert len(action_events(agents[1].agent, "isolate")) == 1
                 app.exit()
         finally:
             for proc in consoles:

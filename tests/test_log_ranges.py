@@ -9,12 +9,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from gridwatch.console.fleet.logquery import QueryError, parse_log_query
 from gridwatch.console.fleet.logtime import TimeBound, console_zone, parse_time, zone_label
-from gridwatch.console.fleet.state import QueryError, parse_log_query
-from gridwatch.console.tui.screens import LogsScreen
+from gridwatch.console.tui.screens import FleetScreen, LogsScreen
 from gridwatch.console.tui.widgets import TextTable
 from gridwatch.wire.protocol import Event, Text
-from tests.test_console_app import FleetScreen, make_app, screen_text, shown, wait_for
+from tests.support_app import make_app, screen_text, shown, wait_for
 
 PARIS = ZoneInfo("Europe/Paris")
 # 2026-12-01 03:20:00 in Paris (UTC+01:00 in winter): the operator looks at an incident from 03:12.

@@ -37,6 +37,22 @@ def test_heartbeat_is_lost_after_three_intervals_of_the_injected_clock() -> None
     assert engine.incident(plans[0].incident.id).recovered_at == clock.now()
 
 
+def test_a_console_that_stalled_holds_no_silence_of_that_time_against_its_nodes() -> None:
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks("name: hb\ntrigger: {condition: heartbeat_lost}\nplan: [notify]\n"), clock)
+    _cluster(engine, clock, ["node1", "node2"], interval=2.0)
+    clock.advance(20.0)  # the console's own loop did not run for 20 s: the nodes' frames wait unread
+    engine.excuse_silence(clock.now())
+    assert engine.tick() == [] and not any(n.lost for n in engine.nodes.values())
+    clock.advance(2.0)
+    engine.observe("10.0.0.1:2222", Sample(node="node1"))  # the frames read after the stall
+    engine.observe("10.0.0.2:2222", Sample(node="node2"))
+    clock.advance(6.5)  # then node2 goes quiet for real: a full window after its last frame
+    engine.observe("10.0.0.1:2222", Sample(node="node1"))
+    plans = engine.tick()
+    assert [(p.incident.node, p.incident.kind) for p in plans] == [("node2", "heartbeat_lost")]
+
+
 def test_the_heartbeat_follows_the_stream_in_force_summaries_then_whole_samples_again() -> None:
     """Summaries every 5 s are a 15 s heartbeat; once the node sends whole samples again (an operator opened it), 3 s."""
     clock = ManualClock(100.0)

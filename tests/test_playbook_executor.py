@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +10,12 @@ import pytest
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.playbooks.engine import Engine
 from gridwatch.playbooks.executor import Executor
-from gridwatch.playbooks.notify import CommandOutcome
 from gridwatch.playbooks.plans import Plan
 from gridwatch.playbooks.scheduler import DrainRefused, Kubernetes, Slurm, backend_for
 from gridwatch.playbooks.schema import check_text
 from gridwatch.playbooks.store import IncidentStore, UnknownIncident
-from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
+from gridwatch.wire.protocol import Event, Hello, Sample, TrainerStatus
+from tests.support_executor import FakeNotifier, FakeRunner, FakeSink
 
 HARDWARE = """\
 name: hw
@@ -29,45 +28,6 @@ plan:
   - restart_from_checkpoint
   - notify
 """
-
-
-class FakeSink:
-    """Records what would have been sent to agents; can fail or hang for chosen actions."""
-
-    def __init__(self, fail: set[str] | None = None, hang: set[str] | None = None) -> None:
-        self.calls: list[tuple[str, str, dict[str, Any]]] = []
-        self.fail = fail or set()
-        self.hang = hang or set()
-
-    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
-        self.calls.append((node, action, args))
-        if action in self.hang:
-            await asyncio.Event().wait()
-        return ActionResult(node=node, id="x", action=action, ok=action not in self.fail,
-                            message="refused" if action in self.fail else "done")
-
-
-class FakeRunner:
-    """Answers ``scontrol show node`` with an idle node and records every other command (the scheduler's
-    own behaviour is tested against a real Slurm in test_scheduler_slurm.py)."""
-
-    def __init__(self) -> None:
-        self.argvs: list[list[str]] = []
-
-    async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
-        if argv[:3] == ["scontrol", "show", "node"]:
-            return CommandOutcome(0, f"NodeName={argv[-1]} Arch=x86_64 State=IDLE ThreadsPerCore=1\n")
-        self.argvs.append(argv)
-        return CommandOutcome(0, "")
-
-
-class FakeNotifier:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bool]] = []
-
-    async def notify(self, step: Any, incident: Any, text: str, escalation: bool) -> str:
-        self.sent.append((text, escalation))
-        return "sent"
 
 
 def _plan(text: str = HARDWARE, event: Event | None = None) -> Plan:

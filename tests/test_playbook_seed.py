@@ -11,7 +11,7 @@ from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.plans import Plan
 from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire.protocol import Event, Hello, Sample, TrainerStatus
-from tests.test_playbook_executor import FakeNotifier, FakeRunner, FakeSink
+from tests.support_executor import FakeNotifier, FakeRunner, FakeSink
 
 NODES = [f"node{i}" for i in range(1, 9)]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,10 @@ import pytest
 from gridwatch.agent.metrics import MetricsExporter
 from tests.conftest import start_agent, stop_agent, wait_until_async
 from tests.prometheus_server import Prometheus, PrometheusUnavailable, prometheus
+from tests.support_grafana import LABEL_VALUES, regex_escape, substitute
 
 DASHBOARD = Path(__file__).parent / "data" / "dcgm" / "dcgm-exporter-dashboard.json"
 NODES, GPUS = 2, 2
-_VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
-_LABEL_VALUES = re.compile(r"label_values\((.+),\s*(\w+)\)")
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -29,25 +27,16 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return out
 
 
-def _regex_escape(value: str) -> str:
-    # What Grafana's Prometheus data source does to each value of a multi-value variable.
-    return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
-
-
 def grafana_all(prom: Prometheus) -> dict[str, str]:
     """Each query variable of the dashboard set to "All", as Grafana sends it: ``(v1|v2|...)``."""
     values: dict[str, str] = {}
     for variable in json.loads(DASHBOARD.read_text())["templating"]["list"]:
-        match = _LABEL_VALUES.fullmatch(str(variable.get("query", "")).strip())
+        match = LABEL_VALUES.fullmatch(str(variable.get("query", "")).strip())
         if variable.get("type") != "query" or match is None:
             continue
         found = prom.label_values(match.group(2), match.group(1).strip())
-        values[variable["name"]] = variable.get("allValue") or "(" + "|".join(_regex_escape(v) for v in found) + ")"
+        values[variable["name"]] = variable.get("allValue") or "(" + "|".join(regex_escape(v) for v in found) + ")"
     return values
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    return _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), expr)
 
 
 def test_the_dashboard_copy_has_the_panels_the_issue_names() -> None:

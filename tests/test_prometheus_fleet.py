@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from gridwatch.agent.metrics import MetricsExporter
+from gridwatch.console.fleet.metrics import Metric
+from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.prometheus import (
     HistoryWindow,
     Panel,
@@ -21,8 +23,8 @@ from gridwatch.console.fleet.prometheus import (
     PrometheusOptions,
     parse_answer,
 )
-from gridwatch.console.fleet.state import Metric, NodeStatus, StateStore
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.fleet.state import StateStore
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.wire.protocol import Sample, Text
 from tests.conftest import free_port, start_agent, stop_agent, wait_until_async

@@ -84,3 +84,15 @@ def test_hostlist_syntax():
     for bad in ("node[1-", "node[3-1]", "node[a-b]", "", "n[1-99999999]"):
         with pytest.raises(HostlistError):
             expand(bad)
+
+
+def test_why_an_action_failed_travels_as_a_code_and_a_phase_must_be_one_the_wire_names() -> None:
+    result = p.ActionResult(id=p.Text("1"), action=p.Text("restart_from"), ok=False,
+                            message=p.Text("any sentence at all"), code=p.Text(p.ResultCode.TRAINER_ABSENT))
+    back = p.decode_agent_frame(p.encode(result))
+    assert isinstance(back, p.ActionResult) and back.code == p.ResultCode.TRAINER_ABSENT
+    sample = p.encode(p.Summary(node=p.Text("n1"), trainer=p.TrainerStatus(phase=p.TrainerPhase.REFORMING)))
+    got = p.decode_agent_frame(sample)
+    assert isinstance(got, p.Summary) and got.trainer is not None and got.trainer.phase is p.TrainerPhase.REFORMING
+    with pytest.raises(p.FrameError, match="invalid summary frame"):
+        p.decode_agent_frame(sample.replace(b"re-forming", b"sleeping!!"))

@@ -26,7 +26,7 @@ from gridwatch.wire import protocol as p
 from gridwatch.wire.control import CollectiveState
 from gridwatch.wire.ras import decode_report
 from tests.conftest import free_port, start_agent, stop_agent, wait_until
-from tests.test_blame_runtime import NODES, _engine, _record
+from tests.support_blame import NODES, make_engine, make_record
 
 DATA = Path(__file__).parent / "data" / "ras"
 DEAD = (DATA / "dead_rank.txt").read_text()
@@ -165,8 +165,8 @@ class _Fleet:
                      timeout: float = 5.0) -> Any:
         self.asked.append((node, name))
         if name == "dump_collectives":  # every rank waits in the same collective: the records cannot tell
-            rec = (_record(node, 40, CollectiveState.COMPLETED) if node == self.behind
-                   else _record(node, 41, CollectiveState.STARTED))
+            rec = (make_record(node, 40, CollectiveState.COMPLETED) if node == self.behind
+                   else make_record(node, 41, CollectiveState.STARTED))
             return SimpleNamespace(ok=True, data={"record": msgspec.to_builtins(rec, enc_hook=p.text_enc_hook)})
         report = await ras.status(self.addr, timeout=2)
         addresses = {"node-1": ["127.0.0.1"], "node-2": ["127.0.0.2"], "node-3": ["127.0.0.3"]}[node]
@@ -175,7 +175,7 @@ class _Fleet:
 
 
 async def test_hangwatch_blames_the_node_ras_names_where_the_records_cannot_tell() -> None:
-    engine, _ = _engine()
+    engine, _ = make_engine()
     blamed: list[Any] = []
     async with fake_server(rasd(DEAD)) as addr:
         fleet = _Fleet(addr)
@@ -188,7 +188,7 @@ async def test_hangwatch_blames_the_node_ras_names_where_the_records_cannot_tell
 
 
 async def test_hangwatch_falls_back_to_the_records_when_ras_blames_nobody() -> None:
-    engine, _ = _engine()
+    engine, _ = make_engine()
     async with fake_server(rasd(HEALTHY)) as addr:
         fleet = _Fleet(addr, behind="node-2")
         runtime = SimpleNamespace(engine=engine, fleet=fleet, blamed=lambda job, v: None)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import signal
 import subprocess
 from collections import defaultdict
@@ -23,6 +21,7 @@ from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
 from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, RunningAgent, free_port, spawn_agent, start_agent, wait_until, wait_until_async
+from tests.support_relay import action_events, endpoint, spawn_relay, stop
 
 
 @dataclass
@@ -47,24 +46,6 @@ def console(keys, relays: dict[Endpoint, list[Endpoint]], key: Path | None = Non
                   on_frame=lambda link, f: c.frames[link.name].append(f), relays=relays)
     c = Console(fleet)
     return c
-
-
-def endpoint(ra: RunningAgent) -> Endpoint:
-    return Endpoint("127.0.0.1", ra.port)
-
-
-def action_events(ra: RunningAgent, action: str) -> list[p.Event]:
-    """The agent's own record of what it did: an ``action`` event per action that changed something."""
-    frames, _ = ra.agent.ring.since(0)
-    events = [p.decode_agent_frame(data) for data in frames]
-    return [e for e in events if isinstance(e, p.Event) and e.kind == "action" and e.details.get("action") == action]
-
-
-async def stop(ra: RunningAgent) -> None:
-    ra.agent.stop()
-    ra.acceptor.close()
-    with contextlib.suppress(asyncio.CancelledError):
-        await ra.task
 
 
 @pytest.fixture
@@ -311,18 +292,11 @@ async def test_a_console_that_stops_reading_is_let_go(keys, tmp_path):
         await stop(ra)
 
 
-def _spawn_relay(keys, port: int, nodes: str, log: Path) -> subprocess.Popen:
-    cmd = [PYTHON, "-m", "gridwatch", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
-           "--name", "rack1", "--keys", str(keys.dir)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 async def test_a_relay_killed_and_restarted_loses_no_frame(keys, nodes, tmp_path):
     port = free_port()
     spec = ",".join(str(endpoint(ra)) for ra in nodes)
     log = tmp_path / "relay.log"
-    proc = _spawn_relay(keys, port, spec, log)
+    proc = spawn_relay(keys, port, spec, log)
     relay_ep = Endpoint("127.0.0.1", port)
     c = console(keys, {relay_ep: [endpoint(ra) for ra in nodes]})
     names = ("node-1", "node-2", "node-3")
@@ -339,7 +313,7 @@ async def test_a_relay_killed_and_restarted_loses_no_frame(keys, nodes, tmp_path
         await wait_until(lambda: all(ra.agent.ring.last_seq > c.fleet.find(n).last_seq + 3 for ra, n in zip(nodes, names)),
                          10, "frames waiting in the agents' rings")
         before = [len(c.seqs(n)) for n in names]
-        proc = _spawn_relay(keys, port, spec, log)
+        proc = spawn_relay(keys, port, spec, log)
         await wait_until(lambda: all(link.state == LinkState.CONNECTED for link in links), 20, "the links back")
         await wait_until(lambda: all(len(c.seqs(n)) > b + 3 for n, b in zip(names, before)), 10, "frames after the restart")
         pause(nodes)

@@ -16,7 +16,7 @@ import pytest
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, free_port, start_agent, wait_until
-from tests.test_relay import _spawn_relay, action_events, endpoint, stop
+from tests.support_relay import action_events, endpoint, spawn_relay, stop
 
 OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
 
@@ -34,7 +34,7 @@ async def test_an_xid_behind_a_relay_is_isolated_once_and_a_dead_relay_is_one_li
     spec = ",".join(str(endpoint(ra)) for ra in agents)
     port = free_port()
     relay_log, console_log = tmp_path / "relay.log", tmp_path / "console.log"
-    relay = _spawn_relay(keys, port, spec, relay_log)
+    relay = spawn_relay(keys, port, spec, relay_log)
     db = tmp_path / "c" / "incidents.db"
     db.parent.mkdir(mode=0o700)
     console: subprocess.Popen | None = None
@@ -56,7 +56,7 @@ async def test_an_xid_behind_a_relay_is_isolated_once_and_a_dead_relay_is_one_li
         await wait_until(lambda: "(3 nodes behind it)" in console_log.read_text(), 20, "the console to say the relay died")
         said = [line for line in console_log.read_text().splitlines() if "behind it" in line]
         assert len(said) == 1 and f"relay 127.0.0.1:{port}" in said[0], said
-        relay = _spawn_relay(keys, port, spec, relay_log)
+        relay = spawn_relay(keys, port, spec, relay_log)
         await wait_until(lambda: console_log.read_text().count(f"relay 127.0.0.1:{port} up (3 nodes)") == 2, 30,
                          "the relay back")
         assert len(action_events(agents[1], "isolate")) == 1  # the fault was acted on once, relay death or not

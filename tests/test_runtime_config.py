@@ -4,30 +4,16 @@ when asked, and the incident database migrated to schema 2."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gridwatch.console.runtime.config import ConfigError, load_cluster
-from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.playbooks.loader import BUILTIN_DIR, load_with_builtin
 from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
 from tests.conftest import free_port
-
-PY = sys.executable
-
-
-def gridwatch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "gridwatch", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def cluster_toml(tmp_path: Path, keys, extra: str = "") -> Path:  # noqa: ANN001
-    path = tmp_path / "cluster.toml"
-    path.write_text(f'nodes = "127.0.0.1:{free_port()}"\nkey = "{keys.operator_key}"\n'
-                    f'known_hosts = "{keys.known_hosts}"\ndb = "incidents.db"\n{extra}')
-    return path
+from tests.support_cli import cluster_toml, gridwatch
 
 
 @pytest.mark.parametrize("extra, says", [

@@ -10,101 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from pathlib import Path
 
-from gridwatch.console.runtime.core import RuntimeOptions, StoreIncidents, build_runtime
+from gridwatch.console.runtime.incidents import StoreIncidents
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.sshlink.hostlist import parse_endpoints
-from gridwatch.trainer.control_server import ControlServer
-from gridwatch.wire import protocol as p
-from gridwatch.wire.control import decode_request
 from tests.conftest import start_agent, stop_agent, wait_until
-
-
-class LeavingServer(ControlServer):
-    """A node's trainer: told to leave, the others stop serving before it answers (the job re-forms at once)."""
-
-    def __init__(self, path: str, status, node: str, on_leave) -> None:  # noqa: ANN001
-        super().__init__(path, status, node=node)
-        self.on_leave = on_leave
-
-    def answer(self, line: bytes):  # noqa: ANN201 - a ControlReply
-        try:
-            leaving = decode_request(line).cmd == "leave"
-        except ValueError:
-            leaving = False
-        if leaving:
-            self.on_leave()
-        return super().answer(line)
-
-
-class FakeJob:
-    """Three nodes' trainers as their control sockets show them: one step for the job, servers that can go away."""
-
-    def __init__(self, tmp_path: Path, names: list[str]) -> None:
-        self.step = 40
-        self.names = names
-        self.paths = {n: str(tmp_path / f"{n}.sock") for n in names}
-        self.servers: dict[str, ControlServer] = {}
-        self.left = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
-
-    def status(self) -> p.TrainerStatus:
-        return p.TrainerStatus(job=p.Text("run"), phase=p.Text("training"), step=self.step,
-                               checkpoints={p.Text("0"): 35}, world_size=len(self.names))
-
-    def up(self, name: str) -> None:
-        server = LeavingServer(self.paths[name], self.status, name, lambda: self._leave(name))
-        server.start()
-        self.servers[name] = server
-
-    def _leave(self, name: str) -> None:
-        # In the socket server's thread: the others stop serving before the leaving node answers.
-        for other in [n for n in self.servers if n != name]:
-            self.down(other)
-        self.loop.call_soon_threadsafe(self.left.set)
-
-    def down(self, name: str) -> ControlServer:
-        server = self.servers.pop(name)
-        server.stop()
-        return server
-
-
-async def agents_beside(keys, job, names: list[str] | None = None, interval: float = 0.1,  # noqa: ANN001
-                        scenes: Path | None = None) -> list:
-    """A real agent per node of ``job`` (a stand-in job: ``up(name)``, ``paths``), each relaying that
-    node's trainer control socket; scenes kept under ``scenes/<node>`` when given."""
-    from gridwatch.agent.trainer_link import TrainerLink
-
-    agents = []
-    for name in names if names is not None else job.names:
-        job.up(name)
-        extra = {"scene_dir": str(scenes / name)} if scenes is not None else {}
-        ra = await start_agent(keys, name=name, gpus=2, interval=interval, **extra)
-        ra.agent.trainer = TrainerLink(job.paths[name], interval=0.05)
-        ra.agent.trainer.start()
-        agents.append(ra)
-    return agents
-
-
-async def stop_beside(runtime, agents: list, job, sim: asyncio.Task | None) -> None:  # noqa: ANN001
-    """Undo :func:`agents_beside` and :func:`runtime_over`: the stand-in job's task, the runtime, agents, sockets, store."""
-    if sim is not None:
-        sim.cancel()
-        await asyncio.gather(sim, return_exceptions=True)
-    await runtime.stop()
-    for ra in agents:
-        await ra.agent.trainer.stop()
-        await stop_agent(ra)
-    for server in list(job.servers.values()):
-        server.stop()
-    runtime.plan_store.close()
-
-
-def runtime_over(agents: list, keys, db: Path):  # noqa: ANN001, ANN201 - a ConsoleRuntime as `gridwatch console` builds it
-    """The console's runtime over ``agents``, built by ``build_runtime`` as the console builds it."""
-    return build_runtime(RuntimeOptions(endpoints=parse_endpoints(",".join(a.spec for a in agents)),
-                                        key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
-                                        db_path=str(db), operator="alice", tick_interval=0.1))
+from tests.support_loop import FakeJob, agents_beside, runtime_over, stop_beside
 
 
 async def test_the_console_retries_a_restart_while_the_job_reforms_and_marks_it_recovered_with_its_times(

@@ -15,19 +15,14 @@ import pytest
 from gridwatch.agent.agent import Agent
 from gridwatch.agent.config import AgentConfig, ConfigError, load
 from gridwatch.agent.metrics import MetricsExporter
-from gridwatch.agent.sources.infiniband import (
-    IbJudge,
-    IbSource,
-    IbThresholds,
-    SimulatedHcas,
-    SysfsPorts,
-    open_ib_source,
-    parse_id_name,
-    parse_rate,
-)
+from gridwatch.agent.sources.ib.judge import IbJudge, IbThresholds
+from gridwatch.agent.sources.ib.ports import IbPort, Unreadable
+from gridwatch.agent.sources.ib.simulated import SimulatedHcas
+from gridwatch.agent.sources.ib.source import IbSource, open_ib_source
+from gridwatch.agent.sources.ib.sysfs import SysfsPorts, parse_id_name, parse_rate
 from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
-from tests.test_stream import make_fleet, of_type
+from tests.support_stream import make_fleet, of_type
 
 DATA = Path(__file__).parent / "data" / "sysfs"  # real trees; where each comes from: SOURCE.md there
 H100 = DATA / "gpud-h100"
@@ -352,6 +347,43 @@ async def test_a_file_that_blocks_holds_up_this_source_alone(tmp_path: Path) -> 
         agent.close_sources()
 
 
+class SlowPorts:
+    """A real reader's stand-in (so read in its own thread) whose read answers when the test releases it."""
+
+    simulated = False
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered = threading.Event()
+
+    def read_ports(self) -> tuple[list[IbPort], list[Unreadable]]:
+        self.release.wait(30)
+        self.answered.set()
+        # An unreadable file is logged, from this thread: what logged after its test had ended.
+        return [], [Unreadable("/sys/class/infiniband/mlx5_0/ports/1/state", "slow")]
+
+
+async def test_no_reader_thread_outlives_the_agent_that_started_it(keys) -> None:  # noqa: ANN001
+    before = set(threading.enumerate())
+
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("source-") and t.is_alive()]
+
+    ra = await start_agent(keys, interval=0.05, source_timeout=0.2)
+    slow = SlowPorts()
+    ra.agent.infiniband = IbSource(slow)
+    try:
+        await wait_until(lambda: any(g.name == "infiniband" and g.busy for g in ra.agent.sources()),
+                         what="the InfiniBand read past its deadline")
+        assert [t.name for t in readers()] == ["source-infiniband"]
+    finally:
+        ra.agent.stop()
+        slow.release.set()  # the read in hand answers while the agent stops: waited for, not left to log later
+        await stop_agent(ra)
+    assert slow.answered.is_set()
+    assert readers() == [], "a reader thread is still alive after its agent stopped"
+
+
 # ---------------------------------------------------------------- config, simulation, wire
 
 
@@ -465,8 +497,8 @@ def test_the_shipped_playbook_takes_a_downed_link_out_and_only_notifies_on_error
 
 async def test_the_node_view_shows_a_down_port() -> None:
     from gridwatch.console.tui.screens import NodeScreen
-    from tests.test_console_app import SIZE, make_app, shown, wait_for
-    from tests.test_state import make_sample
+    from tests.support_app import SIZE, make_app, shown, wait_for
+    from tests.support_frames import make_sample
 
     app = make_app(["node01", "node02"])
     store = app.runtime.store

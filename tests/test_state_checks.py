@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gridwatch.console.fleet.state import CheckVerdict, ManualClock, Metric, PatrolStatus, PreflightResult, StateStore
+from gridwatch.console.fleet.metrics import Metric
+from gridwatch.console.fleet.node import CheckVerdict, PatrolStatus, PreflightResult
+from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.wire.protocol import Event, Text
-from tests.test_state import T0, fill_fleet
-
-
-def patrol_failed(node: str, **reasons: str) -> Event:
-    details = {"checks": Text(",".join(sorted(reasons))), **{k: Text(v) for k, v in reasons.items()}}
-    return Event(node=Text(node), kind=Text("patrol_failed"), severity=Text("error"),
-                 message=Text("patrol: node sub-healthy"), details=details, ts=T0)
-
-
-def patrol_recovered(node: str) -> Event:
-    return Event(node=Text(node), kind=Text("patrol_recovered"), severity=Text("info"),
-                 message=Text("patrol: checks pass again"), details={"checks": Text("gpus")}, ts=T0)
+from tests.support_frames import T0, fill_fleet, patrol_failed, patrol_recovered
 
 
 @pytest.fixture
@@ -70,7 +61,8 @@ def test_a_failed_preflight_is_kept_by_connection_key_and_flags_the_node(store: 
 
 
 def test_samples_tell_a_passing_patrol_from_no_news():
-    from gridwatch.console.fleet.state import ManualClock, PatrolStatus, StateStore
+    from gridwatch.console.fleet.node import PatrolStatus
+    from gridwatch.console.fleet.state import ManualClock, StateStore
     from gridwatch.wire.protocol import Hello, Sample, Text
 
     store = StateStore(ManualClock(1_700_000_000.0))

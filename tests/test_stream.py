@@ -8,25 +8,10 @@ import signal
 import asyncssh
 import pytest
 
-from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
-from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.sshlink.client import LinkState
 from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
-
-
-def make_fleet(ra_or_spec, keys, key=None, known=None, **opts):
-    spec = ra_or_spec if isinstance(ra_or_spec, str) else ra_or_spec.spec
-    frames: list[tuple[str, p.Frame]] = []
-    fleet = Fleet(
-        parse_endpoints(spec),
-        FleetOptions(key_path=str(key or keys.operator_key), known_hosts=str(known or keys.known_hosts), backoff_min=0.05, backoff_max=0.3, **opts),
-        on_frame=lambda link, f: frames.append((link.name, f)),
-    )
-    return fleet, frames
-
-
-def of_type(frames, cls):
-    return [f for _, f in frames if isinstance(f, cls)]
+from tests.support_stream import make_fleet, of_type
 
 
 async def test_operator_streams_hello_and_samples_named_by_node(agent, keys):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gridwatch.console.fleet.state import Metric, StateStore
+from gridwatch.console.fleet.metrics import Metric
+from gridwatch.console.fleet.state import StateStore
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.playbooks.engine import Engine, agent_watches
 from gridwatch.playbooks.loader import load_with_builtin
@@ -146,7 +147,7 @@ def test_a_watch_the_agent_cannot_evaluate_is_refused_with_a_reason():
 
 async def test_a_console_set_to_summaries_every_3_s_gets_them_3_s_apart_and_an_xid_at_once(keys, tmp_path):
     from gridwatch.console.runtime.config import parse_cluster
-    from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 
     ra = await start_agent(keys, gpus=2, interval=0.5)
     config = parse_cluster(f'nodes = "{ra.spec}"\nkey = "{keys.operator_key}"\nknown_hosts = "{keys.known_hosts}"\n'

@@ -18,7 +18,7 @@ import msgspec
 
 from gridwatch.agent.agent import Agent
 from gridwatch.agent.fencing import Handler, guarded
-from gridwatch.agent.sources import infiniband as ib
+from gridwatch.agent.sources.ib import simulated as ib
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
 from gridwatch.wire import simdevices as sd
@@ -190,7 +190,11 @@ async def trainer_control(agent: Agent, caller: Caller, action: p.Action) -> p.A
         return _result(action, False, f"{name}: no trainer is attached to this node")
     reply = await agent.trainer.control(name, dict(action.args))
     ok = bool(reply.get("ok"))
-    return _result(action, ok, str(reply.get("message") or reply.get("error") or ("done" if ok else "failed")), reply=reply)
+    result = _result(action, ok, str(reply.get("message") or reply.get("error") or ("done" if ok else "failed")),
+                     reply=reply)
+    code = reply.get("code")
+    result.code = p.Text(code) if code is not None else None
+    return result
 
 
 async def capture_scene(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:

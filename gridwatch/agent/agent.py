@@ -27,7 +27,7 @@ from gridwatch.agent.logs import LogEntry
 from gridwatch.agent.logsearch import SearchRefused, SearchTimeout, search_entries
 from gridwatch.agent.ringbuffer import FrameRing
 from gridwatch.agent.sources import GuardedSource, Outcome
-from gridwatch.agent.sources.infiniband import IbReading, IbSource
+from gridwatch.agent.sources.ib.source import IbReading, IbSource
 from gridwatch.agent.sources.logs import LogsSource
 from gridwatch.agent.watch import Watcher, watch_text
 from gridwatch.sshlink.ratelimit import KeyedBuckets, LogLimiter
@@ -275,8 +275,16 @@ class Agent:
             guards.append(held[1])
         return guards
 
+    async def stop_readers(self) -> None:
+        """End the threads the sources are read in, each once its read in hand answers (at most the deadline).
+
+        :meth:`run` ends with this, so that no reader thread outlives the agent
+        (one hung past the deadline is left to its daemon thread).
+        """
+        await asyncio.gather(*(guard.stop_reading() for _, guard in self._guards.values()))
+
     def close_sources(self) -> None:
-        """Close what the sources hold open (NVML, log files); a source still hung is left alone."""
+        """Close what the sources hold open (NVML, log files); a source still hung at its deadline is left alone."""
         for _, guard in self._guards.values():
             guard.close()
         self._guards.clear()
@@ -383,7 +391,7 @@ class Agent:
                 client.reply(data)
 
     async def run(self) -> None:
-        """Tick on a fixed schedule until :meth:`stop`; a slow tick is logged, not stacked."""
+        """Tick on a fixed schedule until :meth:`stop`; a slow tick is logged, not stacked; the reader threads end with it."""
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         overruns, warned_at = 0, -60.0
@@ -406,6 +414,7 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), delay)
             except TimeoutError:
                 pass
+        await self.stop_readers()
 
     def stop(self) -> None:
         self._stop.set()
@@ -574,6 +583,7 @@ class Agent:
                 action=name,
                 by=caller.username,
                 reason=str(action.reason),
+                ok="true" if result.ok else "false",  # whoever reads the event back never parses the sentence
             )
         return result
 

@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gridwatch.agent.sources import SourceHealth, SourceState
-from gridwatch.agent.sources.infiniband import IbSource, ib_families
+from gridwatch.agent.sources.ib.metrics import ib_families
+from gridwatch.agent.sources.ib.source import IbSource
 from gridwatch.wire.protocol import AgentStats, Event, GpuInfo, GpuSample, HostSample
 from gridwatch.wire.throttle import encode_throttle
 from gridwatch.wire.xid import xid_meaning

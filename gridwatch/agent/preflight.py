@@ -148,7 +148,7 @@ def pending_gpu_faults(agent: Any, since: float) -> list[p.Event]:
         frame = p.decode_agent_frame(data)
         if not isinstance(frame, p.Event) or frame.ts < since:
             continue
-        if frame.kind == "action" and frame.details.get("action") == "clear_faults" and ": ok:" in frame.message:
+        if frame.kind == "action" and frame.details.get("action") == "clear_faults" and frame.details.get("ok") == "true":
             pending.clear()  # a reset clears what came before it
         elif frame.kind in GPU_FAULT_EVENTS:
             pending.append(frame)

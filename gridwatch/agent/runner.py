@@ -30,7 +30,8 @@ def build_agent(config: AgentConfig) -> Agent:
     """Open every source named by the config (each once) and wire them to an Agent."""
     from gridwatch.agent.logs import LogTailer
     from gridwatch.agent.sources.host import HostSource
-    from gridwatch.agent.sources.infiniband import IbThresholds, open_ib_source
+    from gridwatch.agent.sources.ib.judge import IbThresholds
+    from gridwatch.agent.sources.ib.source import open_ib_source
     from gridwatch.agent.sources.nvml import open_gpu_source
     from gridwatch.agent.stack import fingerprint
 

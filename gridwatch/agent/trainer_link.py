@@ -70,12 +70,14 @@ class TrainerLink:
 
     async def control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         """Send one control; the reply is a dict with ``ok`` and ``message`` or ``error``."""
-        from gridwatch.wire.control import request
+        from gridwatch.wire.control import TrainerUnavailable, request
 
         try:
             reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
         except (OSError, TimeoutError, ValueError) as exc:
-            return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}"}
+            absent = isinstance(exc, TrainerUnavailable) and exc.absent
+            return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}",
+                    **({"code": p.ResultCode.TRAINER_ABSENT} if absent else {})}
         if command == "leave" and reply.ok:
             self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
@@ -116,7 +118,7 @@ class TrainerLink:
                         message=p.Text("the local trainer left the job on request"))
             )
             if self.status is not None:
-                self.status.phase = p.Text("left")
+                self.status.phase = p.TrainerPhase.LEFT
             return
         if self.attached and now - self._silent_since >= self.grace:
             self.attached = False
@@ -126,7 +128,7 @@ class TrainerLink:
                         message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s ({why})"))
             )
             if self.status is not None:
-                self.status.phase = p.Text("gone")
+                self.status.phase = p.TrainerPhase.GONE
 
     def answered(self, status: p.TrainerStatus) -> None:
         """One poll got a status: relay it, and its new events once."""

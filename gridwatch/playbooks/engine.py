@@ -157,6 +157,8 @@ class Engine:
         # metric condition true since (console time, identity of the first sample it held in)
         self._holds: dict[tuple[str, str, int | None], tuple[float, str]] = {}
         self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
+        # Silence before this moment is no evidence about a node: the console itself was stalled then.
+        self._awake_since = float("-inf")
         self.ledger = GuardLedger()
         self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
         self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
@@ -255,6 +257,11 @@ class Engine:
             # operator put it back (or the isolation never happened).
             node.removed, node.seeded_out = isolated, False
 
+    def excuse_silence(self, now: float) -> None:
+        """The console's own loop lagged until ``now``: frames may wait unread, so a node's silence is
+        measured from here on, not from its last frame (a console that stalled measures nothing)."""
+        self._awake_since = max(self._awake_since, now)
+
     def tick(self, now: float | None = None) -> list[Plan]:
         """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
         now = self.clock.now() if now is None else now
@@ -262,12 +269,12 @@ class Engine:
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
         for node in self.nodes.values():
-            node.lost = now - node.last_seen > STALE_AFTER_INTERVALS * node.interval
+            node.lost = now - max(node.last_seen, self._awake_since) > STALE_AFTER_INTERVALS * node.interval
         # The heartbeat playbooks picked once a tick, not once per node: a tick walks 12,500 nodes.
         heartbeats = [(pb, pb.trigger) for pb in self.playbooks
                       if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
         for node in list(self.nodes.values()) if heartbeats else ():
-            silent = now - node.last_seen
+            silent = now - max(node.last_seen, self._awake_since)
             for pb, trig in heartbeats:
                 if silent <= trig.missed * node.interval:
                     continue

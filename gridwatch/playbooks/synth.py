@@ -8,7 +8,7 @@ import msgspec
 
 from gridwatch.playbooks.model import ConditionTrigger, EventTrigger, LogTrigger, MetricTrigger, Playbook
 from gridwatch.playbooks.trace import record_line
-from gridwatch.wire.protocol import Event, Frame, GpuSample, Hello, LogLine, Sample, StackFingerprint, TrainerStatus
+from gridwatch.wire.protocol import Event, Frame, GpuSample, Hello, LogLine, Sample, StackFingerprint, TrainerPhase, TrainerStatus
 
 _T0 = 1_000_000.0
 
@@ -28,7 +28,7 @@ class Scenario:
 
 def _sample(name: str, ts: float, gpu: GpuSample | None = None) -> Sample:
     return Sample(node=name, ts=ts, gpus=[gpu or GpuSample(index=0, temp_c=60.0, util=95.0)],
-                  trainer=TrainerStatus(job="job", phase="training", step=int(ts - _T0) + 100))
+                  trainer=TrainerStatus(job="job", phase=TrainerPhase.TRAINING, step=int(ts - _T0) + 100))
 
 
 def scenario_lines(playbook: Playbook, sc: Scenario) -> list[bytes]:

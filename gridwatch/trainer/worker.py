@@ -40,7 +40,7 @@ from gridwatch.trainer.simdevice import Leave, SimDevice
 from gridwatch.trainer.state import init_optimizer_state, live_tensors
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
 from gridwatch.wire.control import restart_target, socket_path
-from gridwatch.wire.protocol import Event, Text, TrainerStatus
+from gridwatch.wire.protocol import Event, Text, TrainerPhase, TrainerStatus
 
 # torchrun restarts the workers of every node when one exits non-zero; these say why.
 EXIT_REFORM = 75  # a node left: re-form without it
@@ -103,7 +103,7 @@ class Worker:
         if membership is None:
             self.flight.join("world", 0, self.rank, self.members)
         # status, read by the control thread
-        self.phase = "starting"
+        self.phase = TrainerPhase.STARTING
         self.loss: float | None = None
         self.grad_norm: float | None = None
         self.rank_times: list[float] = []
@@ -140,7 +140,7 @@ class Worker:
         with self._lock:
             events = list(self.events)
         return TrainerStatus(
-            job=Text(self.cfg.run_id()), phase=Text(self.phase), step=self.step, epoch=self.sampler.state.epoch,
+            job=Text(self.cfg.run_id()), phase=self.phase, step=self.step, epoch=self.sampler.state.epoch,
             loss=self.loss, grad_norm=self.grad_norm,
             tokens_per_s=(g / self.prev_time) if self.prev_time > 0 else None,
             step_time_s=self.prev_time or None,
@@ -215,7 +215,7 @@ class Worker:
         return self.ckpt.snapshot(state, self.manifest(), tiers, tier2_owner=owner, rank=self.rank)
 
     def restore(self, want_step: int | None = None, below: int | None = None) -> bool:
-        self.phase = "restarting"
+        self.phase = TrainerPhase.RESTARTING
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.ckpt.flush()
         manifest, skipped = restore_newest(self.cfg, self.node, self.live, self.mcfg.fingerprint(), want_step, below)
@@ -281,7 +281,7 @@ class Worker:
     def _handle(self, ctl: torch.Tensor) -> None:
         """Apply the controls every rank now agrees on."""
         if ctl[_CKPT] > 0:
-            self.phase = "checkpointing"
+            self.phase = TrainerPhase.CHECKPOINTING
             self.snapshot({0, 1, 2})
             self.event("checkpoint", f"checkpoint_now at step {self.step}", "info", step=self.step)
         leaving = [r for r in range(self.world) if ctl[_LEAVE0 + r] > 0]
@@ -301,13 +301,13 @@ class Worker:
             if self.membership is not None:
                 for incident in self._restart_incidents:
                     self.membership.store.set(f"gw/restarted/{incident}", str(self.step))
-            self.phase = "training"
+            self.phase = TrainerPhase.TRAINING
         self._restart_incidents = []
         if (ctl[_PAUSE] > 0 or ctl[_PAUSED] > 0) and ctl[_RESUME] == 0 and not self.paused:
             self._pause()
 
     def _pause(self) -> None:
-        self.phase, self.paused = "paused", True
+        self.phase, self.paused = TrainerPhase.PAUSED, True
         self.event("action", f"paused at step {self.step}", "info")
         while True:
             self.deadline.feed()
@@ -316,29 +316,29 @@ class Worker:
             ctl = self._controls()
             if self.membership is not None and ctl[_GEN] > self.membership.number:
                 self._change(int(ctl[_GEN]))  # a node joins or leaves while the job is paused
-                self.phase, self.paused = "paused", True
+                self.phase, self.paused = TrainerPhase.PAUSED, True
                 continue
             if ctl[_CKPT] > 0 or ctl[_RESTART] > 0 or any(ctl[_LEAVE0:] > 0):
                 self._handle(ctl)
-                self.phase, self.paused = "paused", True
+                self.phase, self.paused = TrainerPhase.PAUSED, True
             if ctl[_RESUME] > 0:
                 break
             time.sleep(0.2)
-        self.phase, self.paused = "training", False
+        self.phase, self.paused = TrainerPhase.TRAINING, False
         self.event("action", f"resumed at step {self.step}", "info")
 
     def _leave(self, leaving: list[int]) -> None:
         """Checkpoint to local disk, then the leaving node stops and the others re-form without it."""
         if self.membership is not None:
             return self._leave_generation(leaving)
-        self.phase = "checkpointing"
+        self.phase = TrainerPhase.CHECKPOINTING
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.snapshot({0, 1})
         self.ckpt.flush()
         dist.barrier()
         names = ", ".join(self.members[r] for r in leaving)
         if self.rank in leaving:
-            self.phase = "left"
+            self.phase = TrainerPhase.LEFT
             self.log.info("leaving the job at step {} on request; the others re-form without this node", self.step)
             # Stopping our torchrun agent by signal keeps the rendezvous open for the others
             # (a clean exit would close it for everyone).
@@ -352,14 +352,14 @@ class Worker:
         """Every member is at this step: the others go on in a new generation, from memory, without a restart."""
         names = ", ".join(self.members[r] for r in leaving)
         assert self.membership is not None
-        self.phase = "checkpointing"
+        self.phase = TrainerPhase.CHECKPOINTING
         self.snapshot({0})
         if self.rank in leaving:
             self.membership.leave()
         # The leaver waits too: gone before the coordinator saw "leave", it would look like a crash.
         nxt = self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
         if self.rank in leaving:
-            self.phase = "left"
+            self.phase = TrainerPhase.LEFT
             self.log.info("leaving the job at step {} on request; the others go on without this node", self.step)
             self.ckpt.flush()
             self.membership.close("done")
@@ -385,7 +385,7 @@ class Worker:
         """Form ``gen``'s group (waiting again if that fails) and line up every member's state."""
         assert self.membership is not None
         while True:
-            self.phase = "re-forming"
+            self.phase = TrainerPhase.REFORMING
             self.deadline.feed(self.cfg.startup_deadline_s)
             watchdog = _init_watchdog(self.cfg, self.node)
             try:
@@ -399,7 +399,7 @@ class Worker:
             except RuntimeError as exc:
                 watchdog.cancel()
                 gen = self._wait_after_failure(exc)
-        self.phase = "training"
+        self.phase = TrainerPhase.TRAINING
         self.event("membership", f"generation {gen.gen}: training on {self.world} nodes ({', '.join(gen.members)}) "
                    f"from step {self.step}", "info", generation=gen.gen, world=self.world, sync=gen.sync)
 
@@ -433,7 +433,7 @@ class Worker:
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         self.event("membership", f"generation {number} failed ({first}); waiting for the job to re-form", "warning",
                    generation=number)
-        self.phase = "re-forming"
+        self.phase = TrainerPhase.REFORMING
         self.deadline.feed(self.cfg.startup_deadline_s)
         if dist.is_initialized():
             # Closing our connections fails the collective our peers still wait in, at once,
@@ -536,7 +536,7 @@ class Worker:
         try:
             self.sim.before_step(lambda: any(r.cmd == "leave" for r in self.server.take()))
         except Leave:
-            self.phase = "left"
+            self.phase = TrainerPhase.LEFT
             self.log.info("leaving the job at step {} on request: its GPU is lost; the others go on without it", self.step)
             if self.membership is None:
                 os.kill(os.getppid(), signal.SIGTERM)  # as _leave: keeps the rendezvous open for the others
@@ -563,7 +563,7 @@ class Worker:
                 # Under the coordinator torchrun restarts only this node's worker, and only when it died.
                 self.event("trainer_restarted", f"the trainer on {self.node} was restarted by torchrun (restart {restarts}): "
                            "the previous process died; it rejoins the job", "error", restarts=restarts)
-            self.phase = "joining"
+            self.phase = TrainerPhase.JOINING
             self.membership.start()  # only now: the model and data are ready
             gen = self.membership.wait(self.cfg.startup_deadline_s)
             if gen is None:
@@ -571,7 +571,7 @@ class Worker:
                 self._exit(EXIT_REFORM)
             assert gen is not None
             self._enter(gen)
-        self.phase = "training"
+        self.phase = TrainerPhase.TRAINING
         # With a coordinator, a hung collective times out first (and the job re-forms in place);
         # the deadline is the last resort.
         deadline = self.cfg.progress_deadline_s if self.membership is None else 2 * self.cfg.progress_deadline_s + 5
@@ -599,12 +599,12 @@ class Worker:
                     raise
                 self._enter(self._wait_after_failure(exc))
                 self.deadline.feed(deadline)
-        self.phase = "checkpointing"
+        self.phase = TrainerPhase.CHECKPOINTING
         self.deadline.feed(self.cfg.startup_deadline_s)
         self.snapshot({0, 1, 2})
         self.ckpt.stop()
         dist.barrier()
-        self.phase = "done"
+        self.phase = TrainerPhase.DONE
         # Tier 0 is a RAM cache for resuming; a finished run keeps its last
         # checkpoint in tiers 1 and 2 and gives the memory back (the last node
         # out removes the run's directory too).

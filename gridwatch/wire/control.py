@@ -112,6 +112,10 @@ class ControlReply(msgspec.Struct, kw_only=True, omit_defaults=True):
 class TrainerUnavailable(OSError):
     """The trainer's socket is absent, refused the connection or did not answer in time."""
 
+    def __init__(self, message: str, *, absent: bool = False) -> None:
+        super().__init__(message)
+        self.absent = absent  # nothing listens there (yet): a trainer that is starting, or none
+
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13+
@@ -329,7 +333,7 @@ async def request(
     except TrainerUnavailable:
         raise
     except (FileNotFoundError, ConnectionRefusedError):
-        raise TrainerUnavailable(f"no trainer is listening at {socket_path}") from None
+        raise TrainerUnavailable(f"no trainer is listening at {socket_path}", absent=True) from None
     except OSError as exc:
         raise TrainerUnavailable(f"trainer at {socket_path}: {exc.strerror or exc}") from None
     if not line:

@@ -224,11 +224,27 @@ class StackFingerprint(msgspec.Struct, gc=False, kw_only=True):
     hash: Text = Text("")
 
 
+class TrainerPhase(StrEnum):
+    """What a trainer is doing, as it reports it; msgspec refuses a phase not named here."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    PAUSED = "paused"
+    CHECKPOINTING = "checkpointing"
+    RESTARTING = "restarting"  # loading a checkpoint
+    REFORMING = "re-forming"  # the group is re-made after a member left
+    JOINING = "joining"  # a new member waits for the group that takes it in
+    LEFT = "left"
+    DONE = "done"
+    GONE = "gone"  # the agent's word for a trainer that stopped answering its socket
+    UNKNOWN = "unknown"
+
+
 class TrainerStatus(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """What the local trainer reports over its control socket, relayed as-is."""
 
     job: Text | None = None
-    phase: Text = Text("unknown")  # starting | training | paused | checkpointing | restarting | left | done
+    phase: TrainerPhase = TrainerPhase.UNKNOWN
     step: int | None = None
     epoch: int | None = None
     loss: float | None = None
@@ -438,12 +454,20 @@ class LogLine(Frame, tag="log"):
     line_ts: float = 0.0
 
 
+class ResultCode(StrEnum):
+    """Why an action failed, where a caller acts on the reason (the message is for people)."""
+
+    TRAINER_ABSENT = "trainer_absent"  # no trainer listens on the node's control socket (yet): retry while it starts
+
+
 class ActionResult(Frame, tag="action_result"):
     id: Text
     action: Text
     ok: bool
     message: Text = Text("")
     data: dict[Text, Any] = {}
+    # A ResultCode's value. Text, not the enum, so a code a newer agent adds still decodes here.
+    code: Text | None = None
 
 
 class SearchResult(Frame, tag="search_result"):
@@ -630,7 +654,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "fault_injected",
         "source_failed",
         "source_recovered",
-        # HCA ports (agents/sources/infiniband.py).
+        # HCA ports (gridwatch/agent/sources/ib/).
         "ib_link_down",  # a port left ACTIVE, or its link_downed counter grew
         "ib_link_up",
         "ib_link_flap",  # down 25 s or more and back, three times (gpud's rule)

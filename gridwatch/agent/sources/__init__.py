@@ -123,6 +123,7 @@ class _Worker:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]] | None]
         self._jobs = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.stopped = False  # told to end: a later read needs a new worker
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -146,7 +147,31 @@ class _Worker:
                 return
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        """End the thread once the read in hand (if any) is done; it takes no more."""
+        if not self.stopped:
+            self.stopped = True
+            self._jobs.put(None)
+
+    def join(self, timeout: float) -> bool:
+        """After :meth:`stop`, wait up to ``timeout`` s for the thread to end; True when it has (or never started)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    async def end(self, timeout: float) -> bool:
+        """Stop, waiting in the loop (not blocking it) up to ``timeout`` s for the read in hand; True when the thread ended."""
+        if self.stopped or self._thread is None or not self._thread.is_alive():
+            self.stop()
+            return self.join(0)
+        last = self.submit(_nothing)  # queued behind the read in hand: answered once that one is done
+        self.stop()
+        done, _ = await asyncio.wait({last}, timeout=timeout)
+        # Answered: the thread is past its last read, with only the stop left to take.
+        return self.join(timeout if done else 0)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -211,7 +236,7 @@ class GuardedSource:
             self._pending = None
         if not self.blocking:
             return self._inline(events)
-        if self._worker is None:
+        if self._worker is None or self._worker.stopped:
             self._worker = _Worker(self.name)
         self._started = self.clock()
         fut = self._worker.submit(self.source.read)
@@ -275,13 +300,28 @@ class GuardedSource:
         self._log.info("{}", message)
         return [_event("source_recovered", "info", message, self.name, SourceState.OK)]
 
+    async def stop_reading(self) -> bool:
+        """End the thread this source is read in; a read in hand gets up to the deadline to answer first.
+
+        False when it is still hung then: its daemon thread is left to it, and
+        ends once the read answers. A later read starts a new thread.
+        """
+        if self._worker is None or await self._worker.end(self.timeout):
+            return True
+        self._log.warning("source {} still hung at stop: its thread ends when the read answers", self.name)
+        return False
+
     def close(self) -> None:
-        """Close the source, unless a read is still hung in it (closing under it could crash the driver)."""
+        """Close the source once its thread has ended, waiting up to the deadline for a read in hand.
+
+        A read still hung then keeps the source open (closing under it could crash the driver).
+        """
         if self._worker is not None:
+            waited = self._worker.stopped  # :meth:`stop_reading` has already given it the deadline
             self._worker.stop()
-        if self.busy:
-            self._log.warning("source {} left open: a read is still hung in it", self.name)
-            return
+            if not self._worker.join(0 if waited else self.timeout):
+                self._log.warning("source {} left open: a read is still hung in it", self.name)
+                return
         close = getattr(self.source, "close", None)
         if close is not None:
             close()

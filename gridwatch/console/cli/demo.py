@@ -168,7 +168,7 @@ def _page(session: DemoSession, alertmanager: str | None, metrics: str | None = 
     With ``--metrics``: the demo's runtime serves its /metrics there (RuntimeError when the port is taken).
     """
     if alertmanager and session.runtime is not None:
-        from gridwatch.console.runtime.core import page_through_alertmanager
+        from gridwatch.console.runtime.wiring import page_through_alertmanager
 
         page_through_alertmanager(session.runtime, alertmanager)
     if metrics and session.runtime is not None:

@@ -16,7 +16,9 @@ from gridwatch.wire.exitcodes import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
     from gridwatch.console.runtime.config import SummaryEvery
-    from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow, RuntimeOptions
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.incidents import IncidentRow
+    from gridwatch.console.runtime.wiring import RuntimeOptions
     from gridwatch.sshlink.client import RelayStatus
 
 EPILOG = """\
@@ -108,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
     """What ``console``'s flags and cluster.toml make of a runtime; ValueError (or ConfigError) in one line."""
     from gridwatch.console.runtime.config import ClusterConfig, RelayConfig, parse_relay, relay_endpoints
-    from gridwatch.console.runtime.core import RuntimeOptions
+    from gridwatch.console.runtime.wiring import RuntimeOptions
 
     config = cluster_config(args) or ClusterConfig(nodes=args.nodes or "")
     prometheus = args.prometheus or config.prometheus
@@ -169,7 +171,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
 
 
 def _console(args: argparse.Namespace) -> int:
-    from gridwatch.console.runtime.core import build_runtime
+    from gridwatch.console.runtime.wiring import build_runtime
 
     try:
         options = runtime_options(args)

@@ -86,7 +86,7 @@ class DemoSession:
     async def start(self) -> None:
         """Start the cluster and build the runtime from the cluster.toml written for it (not connected yet)."""
         from gridwatch.console.runtime.config import ClusterConfig, load_cluster, write_cluster
-        from gridwatch.console.runtime.core import RuntimeOptions, build_runtime
+        from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 
         state = await self.cluster.start()
         if self.cluster.trainer_note:

@@ -31,7 +31,8 @@ from typing import Any
 import msgspec
 from loguru import logger
 
-from gridwatch.console.fleet.state import HISTORY_POINTS, StateStore
+from gridwatch.console.fleet.history import HISTORY_POINTS
+from gridwatch.console.fleet.state import StateStore
 from gridwatch.wire.protocol import Event, Frame, GpuInfo, GpuSample, Hello, HostSample, NicSample, Sample, Text, clean_text
 from gridwatch.wire.throttle import decode_throttle
 from gridwatch.wire.xid import xid_meaning, xid_severity

@@ -7,574 +7,66 @@ series once per tick. Nothing here imports textual.
 
 from __future__ import annotations
 
-import re
-import time
-from array import array
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import tzinfo
-from enum import StrEnum
-from typing import Generic, TypeVar, overload
+from collections.abc import Collection
+from typing import TypeVar
 
-from gridwatch.console.fleet import logtime
+from gridwatch.console.fleet.logquery import LogEntry, LogQuery, matches, severity_rank
+from gridwatch.console.fleet.metrics import GpuAggregate, Metric, gpus_failing, worst_of
+from gridwatch.console.fleet.node import (
+    CheckVerdict,
+    EventRecord,
+    LogRecord,
+    NodeState,
+    NodeStatus,
+    PatrolState,
+    PatrolStatus,
+    PreflightResult,
+    event_text,
+    patrol_failures,
+)
 from gridwatch.console.fleet.preflight import majority_hash
+from gridwatch.console.fleet.rows import (
+    FILTER_EVERY_S,
+    SORT_FIELDS,
+    STATUS_ORDER,
+    VALUE_ORDER_EVERY_S,
+    FleetSummary,
+    HeatmapNode,
+    LazyRows,
+    NodeRow,
+    Order,
+    TrainingSummary,
+    sort_value,
+    status_key,
+    value_key,
+)
 from gridwatch.playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
-from gridwatch.sshlink.hostlist import HostlistError, expand
 from gridwatch.wire.protocol import (
-    SEVERITIES,
     STALE_AFTER_INTERVALS,
     ActionResult,
     Error,
     Event,
     Frame,
     Gap,
-    GpuBrief,
-    GpuSample,
     Hello,
     LogLine,
     Sample,
-    Severity,
     Summary,
     TrainerStatus,
     clean_text,
 )
-from gridwatch.wire.protocol import severity_rank as _known_rank
 
-HISTORY_POINTS = 120  # two minutes at the agents' default 1 s tick
-NODE_EVENTS = 200
-NODE_LOG_LINES = 1000
 FLEET_EVENTS = 10_000
 FLEET_LOG_LINES = 5_000
 LOSS_POINTS = 2_000
-NAN = float("nan")
 
 
-# --------------------------------------------------------------------------- history
-
-
-class MetricRing:
-    """A fixed-size ring of several metrics sampled together (one array, no per-point objects).
-
-    At 10,000 GPUs x 4 metrics x 120 points, a deque of floats would hold ~5 M
-    Python objects; one ``array('f')`` per GPU holds the same in ~19 MB.
-    """
-
-    __slots__ = ("metrics", "size", "head", "count", "data")
-
-    def __init__(self, metrics: int, size: int = HISTORY_POINTS) -> None:
-        self.metrics = metrics
-        self.size = size
-        self.head = 0
-        self.count = 0
-        self.data = array("f", [NAN]) * (metrics * size)
-
-    def push(self, values: Iterable[float | None]) -> None:
-        """One point of every metric, in column order; None (N/A) is kept as NaN."""
-        base = self.head * self.metrics
-        row = array("f", [NAN if v is None else v for v in values])
-        if len(row) != self.metrics:
-            row.extend([NAN] * (self.metrics - len(row)))
-            del row[self.metrics:]
-        self.data[base:base + self.metrics] = row  # one copy in C, not a store per value
-        self.head = (self.head + 1) % self.size
-        self.count = min(self.count + 1, self.size)
-
-    def series(self, metric: int) -> list[float]:
-        """Oldest to newest; NaN where the value was N/A."""
-        start = (self.head - self.count) % self.size
-        m = self.metrics
-        return [self.data[((start + i) % self.size) * m + metric] for i in range(self.count)]
-
-
-# GPU history columns, in MetricRing order.
-GPU_UTIL, GPU_TEMP, GPU_POWER, GPU_MEM = range(4)
-# Host history columns.
-HOST_CPU, HOST_MEM, HOST_RX, HOST_TX = range(4)
-_COLUMNS = 4  # per GPU and for the host
-
-
-class RingColumns:
-    """Four columns of a node's ring, read as one GPU's (or the host's) history: ``series(GPU_UTIL)``."""
-
-    __slots__ = ("ring", "offset")
-
-    def __init__(self, ring: MetricRing, offset: int) -> None:
-        self.ring = ring
-        self.offset = offset
-
-    @property
-    def count(self) -> int:
-        return self.ring.count
-
-    def series(self, metric: int) -> list[float]:
-        return self.ring.series(self.offset + metric)
-
-
-class NodeHistory:
-    """A node's host and GPU history in one ring (host columns, then four per GPU): one push per frame.
-
-    One ring per node instead of one per GPU: a frame is a single copy, and 12,500 nodes hold
-    12,500 rings rather than 112,500 objects for the collector to walk.
-    """
-
-    __slots__ = ("ring", "gpus")
-
-    def __init__(self, gpus: int = 0) -> None:
-        self.gpus = gpus
-        self.ring = MetricRing(_COLUMNS * (1 + gpus))
-
-    @property
-    def host(self) -> RingColumns:
-        return RingColumns(self.ring, 0)
-
-    @property
-    def per_gpu(self) -> list[RingColumns]:
-        """Made when a view reads them (a node's view, a few times a second), not kept per node."""
-        return [RingColumns(self.ring, _COLUMNS * (1 + i)) for i in range(self.gpus)]
-
-    def push(self, host: Sequence[float | None], gpus: Sequence[GpuSample | GpuBrief]) -> NodeHistory:
-        """Add one point; returns the history to keep (a new, empty one when the node's GPUs changed in number)."""
-        n = len(gpus)
-        width = n if not n or gpus[-1].index == n - 1 else max(g.index for g in gpus) + 1
-        history = self if width == self.gpus else NodeHistory(width)
-        values: list[float | None] = list(host)
-        values += [None] * (_COLUMNS * width)
-        for g in gpus:
-            base = _COLUMNS * (1 + g.index)
-            used, total = g.mem_used_mb, g.mem_total_mb
-            values[base] = g.util
-            values[base + 1] = g.temp_c
-            values[base + 2] = g.power_w
-            values[base + 3] = 100.0 * used / total if used is not None and total else None
-        history.ring.push(values)
-        return history
-
-
-class Metric(StrEnum):
-    """What the heatmap colours cells by."""
-
-    UTIL = "util"
-    TEMP = "temp"
-    POWER = "power"
-    MEMORY = "memory"
-    HEALTH = "health"
-
-
-# Ranges that map a metric onto 0..1 for colouring; a GPU past the top is "hot".
-_TEMP_RANGE = (30.0, 90.0)
-_POWER_MAX_W = 700.0
-
-
-def gpu_health(gpu: GpuSample | GpuBrief, xids: int = 0) -> float:
-    """0 healthy, 0.5 degraded (throttling, corrected errors), 1 failing (lost, hung, DBE, XID)."""
-    if gpu.state != "ok" or (gpu.ecc_dbe or 0) > 0 or gpu.remapped_rows_failed or xids > 0:
-        return 1.0
-    if gpu.throttle or (gpu.ecc_sbe or 0) > 0 or gpu.remapped_rows_pending:
-        return 0.5
-    return 0.0
-
-
-def gpu_metric(gpu: GpuSample | GpuBrief, metric: Metric, xids: int = 0) -> float | None:
-    """The GPU's value of ``metric`` scaled to 0..1, or None when the GPU cannot give it."""
-    if metric is Metric.HEALTH:
-        return gpu_health(gpu, xids)
-    if gpu.state != "ok":
-        return None
-    if metric is Metric.UTIL:
-        v = gpu.util
-        return None if v is None else min(max(v / 100.0, 0.0), 1.0)
-    if metric is Metric.TEMP:
-        v = gpu.temp_c
-        lo, hi = _TEMP_RANGE
-        return None if v is None else min(max((v - lo) / (hi - lo), 0.0), 1.0)
-    if metric is Metric.POWER:
-        v = gpu.power_w
-        return None if v is None else min(max(v / _POWER_MAX_W, 0.0), 1.0)
-    used, total = gpu.mem_used_mb, gpu.mem_total_mb
-    if used is None or not total:
-        return None
-    return min(max(used / total, 0.0), 1.0)
-
-
-def worst_gpu(gpus: Sequence[GpuSample | GpuBrief], metric: Metric, xids: Counter[int]) -> float | None:
-    """The hottest GPU on ``metric``'s 0..1 scale, from the GPUs themselves: one metric, not a whole aggregate.
-
-    Equal to ``worst_of(aggregate(...), metric)``; the zoomed-out heatmap asks it of thousands of nodes a paint.
-    """
-    if metric is Metric.HEALTH:
-        if not gpus:
-            return None
-        return max(gpu_health(g, xids.get(g.index, 0) if xids else 0) for g in gpus)
-    if metric is Metric.MEMORY:
-        top: float | None = None
-        for g in gpus:
-            used, total = g.mem_used_mb, g.mem_total_mb
-            if g.state == "ok" and used is not None and total and (top is None or used / total > top):
-                top = used / total
-        return None if top is None else min(max(top, 0.0), 1.0)
-    field_name = "util" if metric is Metric.UTIL else ("temp_c" if metric is Metric.TEMP else "power_w")
-    # Temperature counts every GPU, as the aggregate's hottest does; util and power healthy GPUs only.
-    values = [v for g in gpus if (v := getattr(g, field_name)) is not None and (metric is Metric.TEMP or g.state == "ok")]
-    if not values:
-        return None
-    v = max(values)
-    if metric is Metric.UTIL:
-        return min(max(v / 100.0, 0.0), 1.0)
-    if metric is Metric.TEMP:
-        lo, hi = _TEMP_RANGE
-        return min(max((v - lo) / (hi - lo), 0.0), 1.0)
-    return min(max(v / _POWER_MAX_W, 0.0), 1.0)
-
-
-def worst_of(agg: GpuAggregate, metric: Metric) -> float | None:
-    """The node's hottest GPU on ``metric``'s 0..1 scale (as :func:`gpu_metric`), from its aggregate: O(1) a tick."""
-    if metric is Metric.HEALTH:
-        return 1.0 if agg.bad else (0.5 if agg.degraded else (0.0 if agg.gpus else None))
-    if metric is Metric.UTIL:
-        return None if agg.util_max is None else min(max(agg.util_max / 100.0, 0.0), 1.0)
-    if metric is Metric.TEMP:
-        lo, hi = _TEMP_RANGE
-        return None if agg.temp_max is None else min(max((agg.temp_max - lo) / (hi - lo), 0.0), 1.0)
-    if metric is Metric.POWER:
-        return None if agg.power_max is None else min(max(agg.power_max / _POWER_MAX_W, 0.0), 1.0)
-    return agg.mem_max
-
-
-# ---------------------------------------------------------------------------- nodes
-
-
-class NodeStatus(StrEnum):
-    """How a node looks at a glance; worst first in sort order."""
-
-    DOWN = "down"
-    REFUSED = "refused"
-    STALE = "stale"
-    CONNECTING = "connecting"
-    OK = "ok"
-
-
-@dataclass(slots=True)
-class EventRecord:
-    """An event as the console received it; ``seq`` orders records across nodes."""
-
-    seq: int
-    node: str
-    received_at: float
-    event: Event
-
-
-@dataclass(slots=True)
-class LogRecord:
-    """A log line (streamed, or found by a search) with its node."""
-
-    seq: int
-    node: str
-    line: LogLine
-
-
-@dataclass(slots=True)
-class GpuAggregate:
-    """A node's GPUs summed up for its table row; made once per sample, not once per tick."""
-
-    gpus: int = 0
-    bad: int = 0
-    util: float | None = None
-    temp_max: float | None = None
-    power_w: float | None = None
-    mem_pct: float | None = None
-    rx_bps: float | None = None
-    tx_bps: float | None = None
-    step_time_s: float | None = None
-    # The worst GPU per metric (healthy GPUs only, as the heatmap colours them): a node's one cell when zoomed out.
-    util_max: float | None = None
-    power_max: float | None = None
-    mem_max: float | None = None  # 0..1
-    degraded: bool = False
-
-
-def aggregate(sample: Sample | Summary, xids: Counter[int]) -> GpuAggregate:
-    """Mean utilization, hottest GPU, total power and memory, NIC totals, failing GPUs (of a sample or a summary)."""
-    agg = _aggregate_gpus(sample.gpus, xids)
-    if isinstance(sample, Summary):
-        agg.rx_bps, agg.tx_bps = sample.rx_bps, sample.tx_bps
-    else:
-        nics = sample.host.nics
-        if nics:
-            agg.rx_bps = sum(n.rx_bps for n in nics)
-            agg.tx_bps = sum(n.tx_bps for n in nics)
-    if sample.trainer is not None:
-        agg.step_time_s = sample.trainer.step_time_s
-    return agg
-
-
-def _aggregate_gpus(gpus: Sequence[GpuSample | GpuBrief], xids: Counter[int]) -> GpuAggregate:
-    agg = GpuAggregate()
-    util_sum = 0.0
-    util_n = 0
-    temp = power = None
-    used = total = 0.0
-    for gpu in gpus:
-        agg.gpus += 1
-        health = gpu_health(gpu, xids.get(gpu.index, 0))
-        if health >= 1.0:
-            agg.bad += 1
-        elif health > 0.0:
-            agg.degraded = True
-        ok = gpu.state == "ok"
-        if gpu.util is not None:
-            util_sum += gpu.util
-            util_n += 1
-            if ok and (agg.util_max is None or gpu.util > agg.util_max):
-                agg.util_max = gpu.util
-        if gpu.temp_c is not None and (temp is None or gpu.temp_c > temp):
-            temp = gpu.temp_c
-        if gpu.power_w is not None:
-            power = (power or 0.0) + gpu.power_w
-            if ok and (agg.power_max is None or gpu.power_w > agg.power_max):
-                agg.power_max = gpu.power_w
-        if gpu.mem_used_mb is not None and gpu.mem_total_mb:
-            used += gpu.mem_used_mb
-            total += gpu.mem_total_mb
-            if ok and (agg.mem_max is None or gpu.mem_used_mb / gpu.mem_total_mb > agg.mem_max):
-                agg.mem_max = min(max(gpu.mem_used_mb / gpu.mem_total_mb, 0.0), 1.0)
-    agg.util = util_sum / util_n if util_n else None
-    agg.temp_max, agg.power_w = temp, power
-    agg.mem_pct = 100.0 * used / total if total else None
-    return agg
-
-
-class PatrolStatus(StrEnum):
-    """The node's own patrol as its events tell it: the agent reports only transitions."""
-
-    UNKNOWN = "unknown"  # no patrol event seen since the console connected
-    OK = "ok"
-    FAILING = "failing"
-
-
-@dataclass(slots=True)
-class CheckVerdict:
-    """One check on one node: pass or fail, and why in one line."""
-
-    name: str
-    ok: bool
-    detail: str
-
-
-@dataclass(slots=True)
-class PatrolState:
-    """The last patrol transition of a node: which checks fail and why, and when that changed."""
-
-    status: PatrolStatus = PatrolStatus.UNKNOWN
-    failing: list[CheckVerdict] = field(default_factory=list)
-    changed_at: float | None = None  # console clock, when the event arrived
-
-
-@dataclass(slots=True)
-class PreflightResult:
-    """A node's last pre-flight as the console ran it: its verdict, each check, when."""
-
-    at: float  # console clock
-    ok: bool
-    checks: list[CheckVerdict] = field(default_factory=list)
-    error: str | None = None  # why the node could not be checked at all
-
-    @property
-    def failing(self) -> list[CheckVerdict]:
-        return [c for c in self.checks if not c.ok]
-
-
-@dataclass
-class NodeState:
-    """Everything the console knows about one node; mutated only by :class:`StateStore`."""
-
-    key: str
-    name: str
-    link: str = "connecting"
-    link_error: str | None = None
-    role: str | None = None
-    hello: Hello | None = None
-    # The newest reading: a summary while the node streams summaries (read as a sample only when
-    # something asks for ``sample``), else the whole sample.
-    summary: Summary | None = None
-    _sample: Sample | None = None
-    last_frame_at: float | None = None
-    last_sample_at: float | None = None
-    interval: float = 1.0
-    isolated: bool = False
-    gaps: int = 0
-    last_gap: str | None = None  # the last gap in words (an agent restart may lose an unknown number)
-    foreign_frames: int = 0  # frames its link dropped because they named another node
-    last_error: str | None = None
-    history: NodeHistory = field(default_factory=NodeHistory)
-    xids: Counter[int] = field(default_factory=Counter)  # gpu index -> XID events seen
-    events: deque[EventRecord] = field(default_factory=lambda: deque(maxlen=NODE_EVENTS))
-    logs: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=NODE_LOG_LINES))
-    logs_subscribed: bool = False
-    _agg: GpuAggregate | None = None  # of the newest reading, summed when first read after it arrived
-    patrol: PatrolState = field(default_factory=PatrolState)
-    preflight: PreflightResult | None = None
-
-    @property
-    def checks_failing(self) -> bool:
-        """The patrol or the last pre-flight says this node is sub-healthy."""
-        return self.patrol.status is PatrolStatus.FAILING or (self.preflight is not None and not self.preflight.ok)
-
-    @property
-    def stack_hash(self) -> str:
-        return str(self.hello.stack.hash) if self.hello else ""
-
-    @property
-    def sample(self) -> Sample | None:
-        """The newest reading as a sample (a summary converted once, on first read: what it lacks is N/A)."""
-        if self._sample is None and self.summary is not None:
-            self._sample = self.summary.as_sample()
-        return self._sample
-
-    @sample.setter
-    def sample(self, sample: Sample | None) -> None:
-        self._sample = sample
-        self.summary = None
-
-    @property
-    def reading(self) -> Sample | Summary | None:
-        """The newest sample or summary as it arrived, for readers that need only what both carry."""
-        return self._sample if self._sample is not None else self.summary
-
-    @property
-    def gpus(self) -> Sequence[GpuSample | GpuBrief]:
-        """The GPUs of the newest reading (none before one arrives)."""
-        reading = self.reading
-        return reading.gpus if reading is not None else ()
-
-    @property
-    def gpu_count(self) -> int:
-        """GPUs in the newest reading, else as many as the hello names."""
-        reading = self.reading
-        if reading is not None:
-            return len(reading.gpus)
-        return len(self.hello.gpus) if self.hello else 0
-
-    @property
-    def trainer(self) -> TrainerStatus | None:
-        reading = self.reading
-        return reading.trainer if reading is not None else None
-
-    @property
-    def agg(self) -> GpuAggregate | None:
-        """The newest reading's GPUs summed up (None before one arrives); made on first read, once per reading."""
-        if self._agg is None:
-            reading = self.reading
-            if reading is not None:
-                self._agg = aggregate(reading, self.xids)
-        return self._agg
-
-    @agg.setter
-    def agg(self, agg: GpuAggregate | None) -> None:
-        self._agg = agg  # None: made again on the next read (an XID changed a GPU's health)
-
-    def worst(self, metric: Metric) -> float | None:
-        """The hottest GPU on ``metric``'s 0..1 scale: from the aggregate when one is made, else from that one metric."""
-        if self._agg is not None:
-            return worst_of(self._agg, metric)
-        return None if self.reading is None else worst_gpu(self.gpus, metric, self.xids)
-
-    @property
-    def gpu_history(self) -> list[RingColumns]:
-        """Each GPU's history, by index."""
-        return self.history.per_gpu
-
-    @property
-    def host_history(self) -> RingColumns:
-        return self.history.host
-
-
-@dataclass(slots=True)
-class NodeRow:
-    """One line of the node table, computed once per tick."""
-
-    name: str
-    status: NodeStatus
-    isolated: bool
-    mismatch: bool
-    gpus: int
-    gpu_bad: int
-    util: float | None
-    temp_max: float | None
-    power_w: float | None
-    mem_pct: float | None
-    rx_bps: float | None
-    tx_bps: float | None
-    step_time_s: float | None
-    age_s: float | None
-    error: str | None
-    patrol_failing: bool = False
-    preflight_failed: bool = False
-
-    @property
-    def flags(self) -> str:
-        marks = []
-        if self.patrol_failing:
-            marks.append("patrol")
-        if self.preflight_failed:
-            marks.append("preflight")
-        if self.isolated:
-            marks.append("isolated")
-        if self.mismatch:
-            marks.append("stack")
-        return ",".join(marks)
-
-
-SORT_KEYS: tuple[str, ...] = ("name", "status", "util", "temp", "power", "mem", "rx", "tx", "step", "age")
-
-
-# Worst first, as NodeStatus lists them; a dict so a sort key costs a lookup, not an enum walk.
-STATUS_ORDER: dict[NodeStatus, int] = {s: i for i, s in enumerate(NodeStatus)}
 _LINK_STATUS = {"down": NodeStatus.DOWN, "refused": NodeStatus.REFUSED}
-# The row field (and GpuAggregate field, same name) each value sort reads.
-SORT_FIELDS: dict[str, str] = {"util": "util", "temp": "temp_max", "power": "power_w", "mem": "mem_pct",
-                               "rx": "rx_bps", "tx": "tx_bps", "step": "step_time_s", "age": "age_s"}
-# A value sort's order is made again at most this often (its rows' values are always fresh): an
-# operator reads a reshuffle every tick at 12,500 nodes as noise, and each one costs a sort of the fleet.
-VALUE_ORDER_EVERY_S = 2.0
-FILTER_EVERY_S = 1.0  # likewise a filter's matches, made again at once when the filter text changes
-
-
-def _status_key(order: int, marked: bool, name: str) -> tuple:
-    # Problems first: a down node outranks a healthy isolated one.
-    return (0, order, not marked, name)
-
-
-def _value_key(value: float | None, name: str) -> tuple:
-    # N/A sorts last whichever way the operator sorts.
-    return (1, 0.0, name) if value is None else (0, value, name)
-
-
-def _sort_value(row: NodeRow, key: str) -> tuple:
-    if key == "name":
-        return (0, row.name)
-    if key == "status":
-        marked = row.isolated or row.mismatch or bool(row.gpu_bad) or row.patrol_failing or row.preflight_failed
-        return _status_key(STATUS_ORDER[row.status], marked, row.name)
-    return _value_key(getattr(row, SORT_FIELDS[key]), row.name)
-
-
-def gpus_failing(gpus: Iterable[GpuSample | GpuBrief], xids: Counter[int]) -> bool:
-    """Whether any GPU is failing as :func:`gpu_health` judges it (1.0): the row's bad GPUs, without summing the rest.
-
-    The status order asks this of every node changed since the last tick; a whole aggregate would cost five times more.
-    """
-    for gpu in gpus:
-        if gpu.state != "ok" or gpu.remapped_rows_failed or (gpu.ecc_dbe or 0) > 0:
-            return True
-    return bool(xids) and any(xids.get(gpu.index, 0) > 0 for gpu in gpus)
-
-
 _LINK_QUIET = frozenset({"down", "refused", "stale"})  # links whose node is not live, whatever its frames
 # What the fleet's counts hold for a node: (live, GPUs in its newest reading, its interval, its role).
 _Counted = tuple[bool, int, float, str]
 _UNCOUNTED: _Counted = (False, 0, 0.0, "")
-_Place = tuple[int, bool]  # a node's place in the status order: (STATUS_ORDER of its status, marked)
 _K = TypeVar("_K")
 
 
@@ -582,240 +74,6 @@ def _uncount(counter: Counter[_K], key: _K) -> None:
     counter[key] -= 1
     if counter[key] <= 0:
         del counter[key]  # so min() and truthiness see only what is there
-
-
-@dataclass(slots=True)
-class _Order:
-    """A display order of nodes, with their names, as made at ``made_at``; reused until it must change."""
-
-    nodes: list[NodeState]
-    names: list[str]
-    made_at: float
-    generation: int
-    base: list[NodeState]  # the order by name it was made with: another one means nodes came or were renamed
-    places: dict[str, _Place] | None = None  # the status order: the nodes it put apart, and where
-
-
-@dataclass(slots=True)
-class FleetSummary:
-    """What the footer shows."""
-
-    connected: int
-    total: int
-    oldest_age_s: float | None
-    gpus: int
-    problems: int
-
-
-class HeatmapNode:
-    """One node's cells for the heatmap: a 0..1 value per GPU (None = N/A), computed when first drawn.
-
-    Only the lines on screen are drawn, so most nodes' values are never computed.
-    """
-
-    __slots__ = ("name", "status", "isolated", "mismatch", "checks_failing", "gpus", "_node", "_metric", "_values")
-
-    def __init__(self, node: NodeState, status: NodeStatus, mismatch: bool, metric: Metric) -> None:
-        self.name = node.name
-        self.status = status
-        self.isolated = node.isolated
-        self.mismatch = mismatch
-        self.checks_failing = node.checks_failing
-        self.gpus = node.gpu_count
-        self._node = node
-        self._metric = metric
-        self._values: list[float | None] | None = None
-
-    @property
-    def values(self) -> list[float | None]:
-        if self._values is None:
-            node = self._node
-            if node.reading is not None:
-                self._values = [gpu_metric(g, self._metric, node.xids.get(g.index, 0)) for g in node.gpus]
-            else:
-                self._values = [None] * self.gpus
-        return self._values
-
-    @property
-    def worst(self) -> float | None:
-        """The node's worst GPU: its one cell when the heatmap is zoomed out."""
-        return self._node.worst(self._metric)
-
-
-_T = TypeVar("_T")
-
-
-class LazyRows(Sequence[_T], Generic[_T]):
-    """Nodes in display order, each turned into its row when first read: a view draws a page of 12,500, not all."""
-
-    __slots__ = ("nodes", "as_of", "_make", "_made", "_names")
-
-    def __init__(self, nodes: list[NodeState], make: Callable[[NodeState], _T], names: list[str] | None = None,
-                 as_of: float | None = None) -> None:
-        """``names``: the nodes' names, when the caller keeps them; ``as_of``: when the order was made, where it
-        can be older than the rows (made fresh when read)."""
-        self.nodes = nodes
-        self.as_of = as_of
-        self._make = make
-        self._made: dict[int, _T] = {}
-        self._names = names
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    @overload
-    def __getitem__(self, index: int) -> _T: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[_T]: ...
-
-    def __getitem__(self, index: int | slice) -> _T | list[_T]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self.nodes)))]
-        if index < 0:
-            index += len(self.nodes)
-        made = self._made.get(index)
-        if made is None:
-            made = self._made[index] = self._make(self.nodes[index])  # IndexError past the end, as a list
-        return made
-
-    @property
-    def names(self) -> list[str]:
-        """The nodes' names in order: the same list object while the order is unchanged (callers may compare it)."""
-        if self._names is None:
-            self._names = [n.name for n in self.nodes]
-        return self._names
-
-
-@dataclass(slots=True)
-class TrainingSummary:
-    """The training run as the most advanced trainer status reports it."""
-
-    node: str
-    status: TrainerStatus
-    age_s: float | None
-    loss: list[tuple[int, float]]
-    nodes_reporting: int
-
-
-# ------------------------------------------------------------------------ log query
-
-
-class QueryError(ValueError):
-    """A logs query that cannot be used; the message says which part and why."""
-
-
-@dataclass(slots=True)
-class LogQuery:
-    """``node:node[01-04] sev:error since:10m until:2m <regex>`` parsed; since/until may be absolute times too."""
-
-    nodes: list[str] | None = None
-    min_severity: str | None = None
-    since_s: float | None = None  # seconds back from now
-    until_s: float | None = None
-    pattern: re.Pattern[str] | None = None
-    since_at: float | None = None  # an absolute time (``since:03:10``), seconds since the epoch
-    until_at: float | None = None
-
-    @property
-    def regex(self) -> str:
-        return self.pattern.pattern if self.pattern else ""
-
-    def window(self, now: float) -> tuple[float | None, float | None]:
-        """(since, until) in seconds since the epoch at ``now``; None where the query sets no bound."""
-        since = self.since_at if self.since_at is not None else (
-            now - self.since_s if self.since_s is not None else None)
-        until = self.until_at if self.until_at is not None else (
-            now - self.until_s if self.until_s is not None else None)
-        return since, until
-
-
-_QUERY_TOKEN = re.compile(r'(\w+):"([^"]*)"|\S+')  # key:"a value with spaces", or a word
-
-
-def parse_log_query(text: str, now: float | None = None, zone: tzinfo | None = None) -> LogQuery:
-    """Parse the Logs view's one-line query; raises :class:`QueryError` with a one-line reason.
-
-    ``since``/``until`` take a duration back from now or an absolute time in
-    ``zone`` (default: the console's), read against ``now`` (default: the wall clock).
-    """
-    query = LogQuery()
-    words: list[str] = []
-    for found in _QUERY_TOKEN.finditer(text):
-        token = found.group(0)
-        key, sep, value = token.partition(":")
-        if found.group(1) is not None:
-            value = found.group(2)
-        if sep and key in ("since", "until"):
-            try:
-                bound = logtime.parse_time(value, time.time() if now is None else now,
-                                           zone or logtime.console_zone())
-            except logtime.TimeError as exc:
-                raise QueryError(f"{key}: {exc}") from None
-            if key == "since":
-                query.since_s, query.since_at = bound.ago_s, bound.at
-            else:
-                query.until_s, query.until_at = bound.ago_s, bound.at
-            continue
-        if sep and key in ("node", "nodes"):
-            try:
-                query.nodes = expand(value)
-            except HostlistError as exc:
-                raise QueryError(f"node set: {exc}") from None
-        elif sep and key in ("sev", "severity"):
-            if value not in SEVERITIES:
-                raise QueryError(f"severity {value!r} is not one of {', '.join(SEVERITIES)}")
-            query.min_severity = value
-        else:
-            words.append(token)
-    since, until = query.window(time.time() if now is None else now)
-    if since is not None and until is not None and until < since:
-        raise QueryError("until is before since: the range holds no time")
-    if words:
-        try:
-            query.pattern = re.compile(" ".join(words), re.IGNORECASE)
-        except re.error as exc:
-            raise QueryError(f"bad regular expression: {exc}") from None
-    return query
-
-
-def severity_rank(severity: str) -> int:
-    """The playbooks' ranking, except that an unknown severity from a newer agent ranks as a warning: shown, not dropped."""
-    rank = _known_rank(severity)
-    return rank if rank >= 0 else _known_rank(Severity.WARNING)
-
-
-@dataclass(slots=True)
-class LogEntry:
-    """One line of the Logs view: an event or a log line, merged by time."""
-
-    ts: float
-    node: str
-    severity: str
-    source: str
-    text: str
-    is_event: bool
-
-
-def event_text(event: Event) -> str:
-    """An event as one line of plain text."""
-    parts = [str(event.kind)]
-    if event.gpu is not None:
-        parts.append(f"gpu{event.gpu}")
-    if event.code is not None:
-        parts.append(f"code={event.code}")
-    if event.message:
-        parts.append(str(event.message))
-    return " ".join(parts)
-
-
-def patrol_failures(event: Event) -> list[CheckVerdict]:
-    """The failing checks a ``patrol_failed`` event names, each with its one-line reason."""
-    names = [n.strip() for n in str(event.details.get("checks", "")).split(",") if n.strip()]
-    if not names:
-        # An agent that named no checks still said the node is failing: keep its message.
-        return [CheckVerdict("patrol", False, str(event.message) or "patrol failed")]
-    return [CheckVerdict(n, False, str(event.details.get(n, "")) or "failed") for n in names]
 
 
 # --------------------------------------------------------------------------- store
@@ -850,7 +108,7 @@ class StateStore:
         self._apart: dict[str, tuple[int, bool]] = {}  # status order: the nodes not plainly ok, by (status, marked)
         self._marks_for: tuple[str | None, int] | None = None  # (majority stack, unexplained changes) they were made with
         self._marks_at = float("-inf")
-        self._orders: dict[tuple[str, bool, str], _Order] = {}
+        self._orders: dict[tuple[str, bool, str], Order] = {}
         # The heatmap's nodes in order of first sight: (order by name it was made with, only, nodes, names).
         self._first_sight: tuple[list[NodeState], frozenset[str] | None, list[NodeState], list[str]] | None = None
 
@@ -1178,28 +436,28 @@ class StateStore:
         as_of = order.made_at if needle or sort not in ("name", "status") else None
         return LazyRows(order.nodes, lambda n: self.node_row(n, now), order.names, as_of)
 
-    def _cached(self, key: tuple[str, bool, str], base: list[NodeState], now: float, every: float) -> _Order | None:
+    def _cached(self, key: tuple[str, bool, str], base: list[NodeState], now: float, every: float) -> Order | None:
         """The order kept under ``key`` while it may still be shown: the same nodes, and nothing changed or young enough."""
         order = self._orders.get(key)
         if order is None or order.base is not base:
             return None
         return order if order.generation == self.generation or now - order.made_at < every else None
 
-    def _keep(self, key: tuple[str, bool, str], order: _Order) -> _Order:
+    def _keep(self, key: tuple[str, bool, str], order: Order) -> Order:
         if len(self._orders) >= 16:
             self._orders.clear()  # filters typed a letter at a time: keep only what is in use
         self._orders[key] = order
         return order
 
-    def _by_name(self, reverse: bool, now: float) -> _Order:
+    def _by_name(self, reverse: bool, now: float) -> Order:
         base = self._name_order()
         order = self._orders.get(("name", reverse, ""))
         if order is not None and order.base is base:
             return order
         nodes = base[::-1] if reverse else base
-        return self._keep(("name", reverse, ""), _Order(nodes, [n.name for n in nodes], now, self.generation, base))
+        return self._keep(("name", reverse, ""), Order(nodes, [n.name for n in nodes], now, self.generation, base))
 
-    def _by_value(self, sort: str, reverse: bool, now: float) -> _Order:
+    def _by_value(self, sort: str, reverse: bool, now: float) -> Order:
         key = (sort, reverse, "")
         base = self._name_order()
         order = self._cached(key, base, now, VALUE_ORDER_EVERY_S)
@@ -1214,14 +472,14 @@ class StateStore:
             agg = node.agg
             return None if agg is None else getattr(agg, field_name)
 
-        keyed = [(_value_key(value(n), n.name), n) for n in base]
+        keyed = [(value_key(value(n), n.name), n) for n in base]
         keyed.sort(key=lambda kn: kn[0], reverse=reverse)
         if reverse:
             keyed.sort(key=lambda kn: kn[0][0])  # keep N/A at the bottom when the order flips
         nodes = [n for _, n in keyed]
-        return self._keep(key, _Order(nodes, [n.name for n in nodes], now, self.generation, base))
+        return self._keep(key, Order(nodes, [n.name for n in nodes], now, self.generation, base))
 
-    def _filtered(self, sort: str, reverse: bool, needle: str, now: float) -> _Order:
+    def _filtered(self, sort: str, reverse: bool, needle: str, now: float) -> Order:
         """The nodes whose name, status or flags hold ``needle``, in the sort asked: O(fleet), once a second at most."""
         key = (sort, reverse, needle)
         base = self._name_order()
@@ -1233,13 +491,13 @@ class StateStore:
             row = self.node_row(node, now)
             if needle in f"{row.name} {row.status} {row.flags}".lower():
                 matched.append((row, node))
-        matched.sort(key=lambda rn: _sort_value(rn[0], sort), reverse=reverse)
+        matched.sort(key=lambda rn: sort_value(rn[0], sort), reverse=reverse)
         if reverse:
-            matched.sort(key=lambda rn: _sort_value(rn[0], sort)[0])  # keep N/A at the bottom when the order flips
+            matched.sort(key=lambda rn: sort_value(rn[0], sort)[0])  # keep N/A at the bottom when the order flips
         nodes = [n for _, n in matched]
-        return self._keep(key, _Order(nodes, [n.name for n in nodes], now, self.generation, base))
+        return self._keep(key, Order(nodes, [n.name for n in nodes], now, self.generation, base))
 
-    def _by_status(self, reverse: bool, now: float) -> _Order:
+    def _by_status(self, reverse: bool, now: float) -> Order:
         """Problems first: the few nodes not plainly ok sorted, then the rest by name; O(nodes changed)."""
         base = self._name_order()
         majority = self.majority_stack()
@@ -1261,11 +519,11 @@ class StateStore:
         order = self._orders.get(key)
         if order is not None and order.base is base and order.places == places:
             return order
-        head = sorted((self.nodes[k] for k in places), key=lambda n: _status_key(*places[n.key], n.name))
+        head = sorted((self.nodes[k] for k in places), key=lambda n: status_key(*places[n.key], n.name))
         nodes = head + [n for n in base if n.key not in places]
         if reverse:
             nodes.reverse()
-        return self._keep(key, _Order(nodes, [n.name for n in nodes], now, self.generation, base, places))
+        return self._keep(key, Order(nodes, [n.name for n in nodes], now, self.generation, base, places))
 
     def _place(self, nodes: dict[str, NodeState], majority: str | None) -> None:
         """Put each of ``nodes`` apart from the plainly ok ones (by its link status and whether it is marked), or not.
@@ -1343,36 +601,17 @@ class StateStore:
             ev = rec.event
             ts = ev.ts or rec.received_at
             entry = LogEntry(ts, rec.node, str(ev.severity), str(ev.source) or "event", event_text(ev), True)
-            if _matches(entry, nodes, min_rank, since, until, query.pattern):
+            if matches(entry, nodes, min_rank, since, until, query.pattern):
                 out.append(entry)
         # Raw log lines carry no severity: a severity filter keeps events only.
         if min_rank is None:
             for log_rec in self.logs:
                 line = log_rec.line
                 entry = LogEntry(line.line_ts or line.ts, log_rec.node, "", str(line.source), str(line.line), False)
-                if _matches(entry, nodes, None, since, until, query.pattern):
+                if matches(entry, nodes, None, since, until, query.pattern):
                     out.append(entry)
         out.sort(key=lambda e: e.ts)
         return out[-limit:]
-
-
-def _matches(
-    entry: LogEntry,
-    nodes: set[str] | None,
-    min_rank: int | None,
-    since: float | None,
-    until: float | None,
-    pattern: re.Pattern[str] | None,
-) -> bool:
-    if nodes is not None and entry.node not in nodes:
-        return False
-    if min_rank is not None and severity_rank(entry.severity) < min_rank:
-        return False
-    if since is not None and entry.ts < since:
-        return False
-    if until is not None and entry.ts > until:
-        return False
-    return pattern is None or bool(pattern.search(entry.text) or pattern.search(entry.source))
 
 
 __all__ = ["Clock", "ManualClock", "StateStore", "SystemClock"]

@@ -12,8 +12,6 @@ engine are optional so that the UI can be driven by synthetic frames in tests.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import getpass
 import time
 import uuid
 from collections import Counter, deque
@@ -25,201 +23,21 @@ import msgspec
 from loguru import logger
 
 from gridwatch.console.fleet.goodput import GoodputTracker, IncidentSpan
-from gridwatch.console.fleet.state import CheckVerdict, Clock, PreflightResult, StateStore, SystemClock
+from gridwatch.console.fleet.node import CheckVerdict, PreflightResult
+from gridwatch.console.fleet.state import StateStore
 from gridwatch.console.runtime.collector import CollectorBaseline
 from gridwatch.console.runtime.hangs import HangWatch
+from gridwatch.console.runtime.incidents import IncidentActor, IncidentBackend, IncidentRow, StoreIncidents
 from gridwatch.playbooks.model import MetricTrigger
-from gridwatch.playbooks.store import time_to_detect, time_to_recover
-from gridwatch.wire.protocol import ActionResult, Event, Frame, LogLine, Sample, StreamMode, Summary, Text
+from gridwatch.wire.protocol import ActionResult, Event, Frame, LogLine, ResultCode, Sample, Summary, Text
 
 if TYPE_CHECKING:
     from gridwatch.console.fleet.prometheus import PrometheusFleet
-    from gridwatch.console.runtime.config import ClusterConfig, SummaryEvery
     from gridwatch.console.runtime.leader import Election
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
     from gridwatch.playbooks.engine import Engine
     from gridwatch.playbooks.notify import Alertmanager
     from gridwatch.playbooks.plans import Incident, Plan
-    from gridwatch.sshlink.hostlist import Endpoint
-
-
-# ------------------------------------------------------------------------ incidents
-
-
-@dataclass(slots=True)
-class AuditEntry:
-    """One line of an incident's audit trail: who did what, why, and how it went."""
-
-    at: float
-    who: str
-    what: str
-    why: str = ""
-    outcome: str = ""
-
-
-@dataclass(slots=True)
-class IncidentRow:
-    """An incident as the Incidents view shows it."""
-
-    id: str
-    severity: str
-    node: str
-    title: str
-    state: str  # open | acknowledged | silenced | resolved
-    detected_at: float
-    playbook: str | None = None
-    plan: list[str] = field(default_factory=list)
-    acted_at: float | None = None
-    recovered_at: float | None = None
-    silenced_until: float | None = None
-    audit: list[AuditEntry] = field(default_factory=list)
-    fault_at: float | None = None  # when the fault happened, as near as the console can tell
-    fault_step: int | None = None  # the job's training step then
-    blamed: list[str] = field(default_factory=list)  # the nodes the ranks' collective records name as the cause
-    blame_why: str = ""  # the records' sentence ("rank 2 on node-3 never entered all_reduce #4181; ...")
-
-    @property
-    def detect_s(self) -> float | None:
-        return time_to_detect(self.fault_at, self.detected_at)
-
-    @property
-    def recover_s(self) -> float | None:
-        return time_to_recover(self.fault_at, self.recovered_at)
-
-
-class IncidentBackend(Protocol):
-    """What the Incidents view needs from the incident store (SQLite in production)."""
-
-    def incidents(self, limit: int = 200) -> list[IncidentRow]: ...
-
-    def detail(self, incident_id: str) -> IncidentRow | None:
-        """One incident with its plan and audit trail filled in (the list leaves them empty)."""
-        ...
-
-    def acknowledge(self, incident_id: str, who: str, why: str) -> None: ...
-
-    def silence(self, incident_id: str, until: float, who: str, why: str) -> None: ...
-
-
-class IncidentActor(Protocol):
-    """Runs an incident's plan (the playbook executor)."""
-
-    async def act(self, incident_id: str, who: str, why: str) -> str: ...
-
-
-class MemoryIncidents:
-    """An in-memory incident store with the same interface, for tests and a console without a database."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
-        self.clock: Clock = clock or SystemClock()
-        self.rows: dict[str, IncidentRow] = {}
-
-    def add(self, row: IncidentRow) -> None:
-        self.rows[row.id] = row
-
-    def incidents(self, limit: int = 200) -> list[IncidentRow]:
-        now = self.clock.now()
-        for row in self.rows.values():
-            if row.state == "silenced" and row.silenced_until is not None and row.silenced_until <= now:
-                row.state = "open"
-        order = sorted(self.rows.values(), key=lambda r: (r.state == "resolved", -r.detected_at))
-        return order[:limit]
-
-    def detail(self, incident_id: str) -> IncidentRow | None:
-        return self.rows.get(incident_id)
-
-    def acknowledge(self, incident_id: str, who: str, why: str) -> None:
-        row = self.rows[incident_id]
-        row.state = "acknowledged"
-        row.audit.append(AuditEntry(self.clock.now(), who, "acknowledge", why, "ok"))
-
-    def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
-        row = self.rows[incident_id]
-        row.state = "silenced"
-        row.silenced_until = until
-        row.audit.append(AuditEntry(self.clock.now(), who, f"silence until {until:.0f}", why, "ok"))
-
-
-class StoreIncidents:
-    """The Incidents view's interface over the playbooks' SQLite store (``gridwatch.playbooks.store.IncidentStore``)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    @staticmethod
-    def row(rec: Any) -> IncidentRow:
-        """An ``IncidentRecord`` of the store as the view shows it."""
-        return IncidentRow(id=rec.id, severity=rec.severity, node=rec.node, title=rec.summary, state=rec.state,
-                           detected_at=rec.detected_at, playbook=rec.playbook, acted_at=rec.acted_at,
-                           recovered_at=rec.recovered_at, silenced_until=rec.silenced_until, fault_at=rec.fault_at,
-                           fault_step=rec.fault_step, blamed=list(rec.blamed), blame_why=rec.blame_why)
-
-    def incidents(self, limit: int = 200) -> list[IncidentRow]:
-        rows = [self.row(rec) for rec in self.store.incidents(limit=limit)]
-        # Open first, then newest: what needs the operator is on top.
-        order = {"open": 0, "acknowledged": 1, "silenced": 2, "resolved": 3}
-        return sorted(rows, key=lambda r: (order.get(r.state, 0), -r.detected_at))
-
-    def detail(self, incident_id: str) -> IncidentRow | None:
-        rec = self.store.incident(incident_id)
-        if rec is None:
-            return None
-        row = self.row(rec)
-        row.plan = [f"{s.step} {s.target}: {s.state}" + (f" ({s.outcome})" if s.outcome else "")
-                    for s in self.store.steps(incident_id)]
-        row.audit = [AuditEntry(a.ts, a.who, a.what, a.why, a.outcome) for a in self.store.audit_log(incident_id)]
-        return row
-
-    def acknowledge(self, incident_id: str, who: str, why: str) -> None:
-        self.store.acknowledge(incident_id, who, why)
-
-    def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
-        self.store.silence(incident_id, who, until, why)
-
-
-class ExecutorActor:
-    """Acting on an incident = confirming the step of its plan that waits for an operator."""
-
-    def __init__(self, executor: Any, store: Any) -> None:
-        self.executor = executor
-        self.store = store
-
-    async def act(self, incident_id: str, who: str, why: str) -> str:
-        waiting = [s for s in self.store.steps(incident_id) if s.state == "awaiting_confirmation"]
-        if not waiting:
-            return "nothing in its plan is waiting for confirmation"
-        records = await self.executor.confirm(waiting[0].id, who)
-        done = sum(1 for r in records if r.state == "done")
-        return f"confirmed {waiting[0].step}; {done} of {len(records)} steps done"
-
-
-class StoreProbe:
-    """Answers the executor's ``wait_for`` conditions from the console's state store."""
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        self._checkpoint_base: dict[str, int] = {}
-
-    def holds(self, condition: str, node: str) -> bool:
-        state = self.store.by_name(node)
-        if condition == "heartbeat":
-            return state is not None and str(self.store.status(state)) == "ok"
-        if condition == "isolated":
-            return state is not None and state.isolated
-        trainer = state.trainer if state is not None else None
-        if trainer is None:
-            summary = self.store.training()  # "job" or a node without a trainer: the run as a whole
-            trainer = summary.status if summary else None
-        if trainer is None:
-            return False
-        if condition == "training":
-            return str(trainer.phase) == "training"
-        if condition == "checkpoint":
-            # A checkpoint newer than the one there was when the wait began.
-            newest = max(trainer.checkpoints.values(), default=-1)
-            base = self._checkpoint_base.setdefault(node, newest)
-            return newest > base
-        return False
 
 
 # --------------------------------------------------------------------------- runtime
@@ -256,8 +74,8 @@ class PlanRunner(Protocol):
 
 # Agent actions that change the job or the node; a watch-only runtime (a baseline run) does not send these.
 ACTING_ACTIONS: frozenset[str] = frozenset({"isolate", "checkpoint_now", "pause", "restart_from", "leave"})
-# How an agent says its node's trainer has no control socket right now (gridwatch.agent.trainer_link).
-TRAINER_ABSENT = "no trainer is listening"
+# A tick later than this behind its time: the console's own loop was stalled (see _tick_forever).
+LOOP_STALL_S = 0.2
 # How often writes the incident database refused are tried again.
 STORE_RETRY_S = 5.0
 # Event and log frames remembered for naming the time of the fault behind a new incident.
@@ -489,9 +307,19 @@ class ConsoleRuntime:
             self._launch(plans)
 
     async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while True:
+            # A tick this late means this process was stalled (a busy host, a long GC, a paused VM): the
+            # frames of that time may still wait unread, so silence up to now says nothing of the nodes.
+            late = loop.time() - due
+            if late > LOOP_STALL_S and self.engine is not None:
+                self.engine.excuse_silence(self.engine.clock.now())
+                (logger.warning if late > 1.0 else logger.debug)(
+                    "the console's loop stalled {:.1f} s: no node's silence of that time is held against it", late)
             self.tick_engine()
             self.collector.tick()  # a baseline held back by its minimum gap
+            due = loop.time() + self.tick_interval
             await asyncio.sleep(self.tick_interval)
 
     # ----------------------------------------------------------------- plans
@@ -667,7 +495,7 @@ class ConsoleRuntime:
             deadline = loop.time() + self.trainer_wait
             while True:
                 result = await self._send(node, action, args, reason)
-                if (result.ok or action != "restart_from" or TRAINER_ABSENT not in str(result.message)
+                if (result.ok or action != "restart_from" or result.code != ResultCode.TRAINER_ABSENT
                         or loop.time() >= deadline):
                     break
                 await asyncio.sleep(self.retry_every)
@@ -953,202 +781,3 @@ class _ConnectedLinks:
 def _refused(node: str, action: str, message: str) -> ActionResult:
     return ActionResult(id=Text(uuid.uuid4().hex[:8]), action=Text(action), ok=False, message=Text(message),
                         node=Text(node))
-
-
-# --------------------------------------------------------------------------- wiring
-
-
-@dataclass(slots=True)
-class RuntimeOptions:
-    """The one typed config of a runtime: what ``gridwatch console`` and ``gridwatch demo`` build it from."""
-
-    endpoints: list[Any]
-    key_path: str
-    known_hosts: str
-    db_path: str | None = None
-    read_only: bool = False
-    operator: str = "operator"
-    playbook_paths: list[str] = field(default_factory=list)
-    scheduler: str = "none"  # none | slurm | kubernetes: what drain_node tells
-    connect_timeout: float = 5.0
-    backoff_max: float = 30.0  # longest wait between two tries to reach an agent
-    resume_wait: float = 30.0  # how long resumed plans wait for the links to come up
-    tick_interval: float = 0.5  # the engine's clock rules and the recovery check
-    acting: bool = True  # False: incidents are made, no step that changes the job or a node is sent
-    skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
-    stop_wait: float = 0.0  # how long running plans may finish when the runtime stops
-    etcd: list[str] = field(default_factory=list)  # etcd endpoints: consoles elect which one acts (leader.py)
-    cluster: str = ""  # the name consoles share the lead under in etcd (default: derived from the node list)
-    campaign: bool = True  # False: with etcd, watch until the operator takes over (an interactive console)
-    lease_ttl: float = 5.0  # seconds the lead lasts unless renewed (every third of it)
-    alertmanager: str | None = None  # Alertmanager's base URL: every notify also pages there
-    metrics: str | None = None  # HOST:PORT: the console serves its own /metrics there (gridwatch.console.runtime.metrics)
-    # Seconds between a node's summaries (0: one per sample), or "auto": by the number of endpoints when the
-    # fleet is built (gridwatch.console.runtime.config.summary_cadence). Open nodes send every sample; events come at once.
-    summary_every: SummaryEvery = "auto"
-    prometheus: str | None = None  # a Prometheus query API to read the fleet from too (agents' frames win)
-    # Each relay -> the nodes it carries for this console on one link ([[relay]] in cluster.toml, --relay);
-    # ``endpoints`` are then only the nodes linked directly. Checked: each node is reached one way.
-    relays: dict[Endpoint, list[Endpoint]] = field(default_factory=dict)
-
-    @classmethod
-    def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
-        """The runtime a cluster.toml describes; ``overrides`` are what a command line or the demo says instead.
-
-        Raises ValueError with a one-line reason when the nodes, key or known_hosts cannot be used.
-        """
-        from gridwatch.sshlink.hostlist import HostlistError, parse_endpoints
-
-        if "endpoints" not in overrides:
-            try:
-                # No direct nodes is a fleet when relays carry them all.
-                direct = config.node_spec.strip() or not config.relay
-                overrides["endpoints"] = parse_endpoints(config.node_spec) if direct else []
-            except HostlistError as exc:
-                raise ValueError(f"nodes: {exc}") from None
-        if "relays" not in overrides:
-            from gridwatch.console.runtime.config import relay_endpoints
-
-            overrides["relays"] = relay_endpoints(config.relay, overrides["endpoints"])  # ValueError: relay[2].nodes: ...
-        key = overrides.pop("key_path", None) or config.key
-        known = overrides.pop("known_hosts", None) or config.known_hosts
-        prometheus = overrides.get("prometheus") or getattr(config, "prometheus", None)
-        # A fleet read from Prometheus alone talks to no agent: it needs no key.
-        agents = bool(overrides["endpoints"]) or bool(overrides["relays"]) or not prometheus
-        if not key and agents:
-            raise ValueError("no key: give --key PATH (or key = ... in cluster.toml)")
-        if not known and agents:
-            raise ValueError("no known_hosts: give --known-hosts PATH (or known_hosts = ... in cluster.toml)")
-        key, known = key or "", known or ""
-        overrides.setdefault("prometheus", prometheus)
-        base = cls(endpoints=overrides.pop("endpoints"), key_path=key, known_hosts=known, db_path=config.db,
-                   read_only=config.read_only, operator=config.operator or getpass.getuser(),
-                   playbook_paths=config.playbook_paths, scheduler=config.scheduler,
-                   connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
-                   cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every)
-        return dataclasses.replace(base, **overrides)
-
-
-def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> ConsoleRuntime:
-    """The real thing: fleet over SSH, SQLite incidents, the playbook engine and executor, in one runtime.
-
-    Raises ValueError with a one-line reason when the database or a playbook cannot be used.
-    """
-    import sqlite3
-
-    from gridwatch.console.runtime.config import summary_cadence
-    from gridwatch.playbooks.engine import Engine as PlaybookEngine
-    from gridwatch.playbooks.engine import agent_watches
-    from gridwatch.playbooks.executor import Executor
-    from gridwatch.playbooks.loader import load_with_builtin
-    from gridwatch.playbooks.model import SCHEDULERS
-    from gridwatch.playbooks.notify import DefaultNotifier
-    from gridwatch.playbooks.store import IncidentStore, StoreError
-    from gridwatch.sshlink.client import Fleet, FleetOptions
-
-    if options.scheduler not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {options.scheduler!r}: use one of {', '.join(SCHEDULERS)}")
-    clock = clock or SystemClock()
-    store = StateStore(clock)
-    result = load_with_builtin(options.playbook_paths, options.skip_playbooks)
-    if not result.ok:
-        raise ValueError(f"playbooks: {'; '.join(map(str, (*result.errors, *result.unreadable)))}")
-    db_path = options.db_path or ":memory:"
-    try:
-        incident_store = IncidentStore(db_path, clock)
-    except StoreError as exc:
-        raise ValueError(str(exc)) from None
-    except sqlite3.Error as exc:
-        raise ValueError(f"cannot open the incident database {db_path}: {exc}") from None
-    engine = PlaybookEngine(result.playbooks, clock)
-    # A restarted console takes back its open incidents and guard memory, so it
-    # does not act a second time on a fault it already handled.
-    engine.seed_from(incident_store)
-    runtime = ConsoleRuntime(store, incidents=StoreIncidents(incident_store), engine=engine,
-                             plan_store=incident_store, read_only=options.read_only, operator=options.operator,
-                             resume_wait=options.resume_wait, scheduler=options.scheduler, acting=options.acting,
-                             tick_interval=options.tick_interval, stop_wait=options.stop_wait)
-    incident_store.on_trouble = runtime.set_alert
-    if incident_store.bad_rows:
-        runtime.set_alert(f"{len(incident_store.bad_rows)} unreadable rows skipped in {db_path} "
-                          f"(first: {incident_store.bad_rows[0]})")
-    executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store),
-                        scheduler=options.scheduler, notifier=DefaultNotifier())
-    runtime.executor = executor
-    if options.alertmanager:
-        page_through_alertmanager(runtime, options.alertmanager, clock)
-    if options.metrics:
-        from gridwatch.console.runtime.metrics import serve_metrics
-
-        serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
-    runtime.actor = ExecutorActor(executor, incident_store)
-    relayed = [node for nodes in options.relays.values() for node in nodes]
-    fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
-                                 connect_timeout=options.connect_timeout, backoff_max=options.backoff_max,
-                                 # Summaries, full samples for open nodes; the agents evaluate the
-                                 # playbooks' per-GPU metric conditions themselves.
-                                 mode=StreamMode.SUMMARY,
-                                 # "auto" goes by every node the console watches, direct and relayed.
-                                 summary_every=summary_cadence(options.summary_every,
-                                                               len(options.endpoints) + len(relayed)),
-                                 watches=agent_watches(result.playbooks))
-    if options.endpoints or options.relays or not options.prometheus:
-        runtime.fleet = Fleet(options.endpoints, fleet_options, runtime.on_frame, runtime.on_status,
-                              relays=options.relays, on_relay=runtime.on_relay)
-    if options.etcd:
-        from gridwatch.console.runtime.leader import attach_election
-
-        attach_election(runtime, options)
-    if options.prometheus:
-        read_fleet_from_prometheus(runtime, options.prometheus)
-    for endpoint in (*options.endpoints, *relayed):
-        store.set_link(str(endpoint), "connecting")
-    return runtime
-
-
-def read_fleet_from_prometheus(runtime: ConsoleRuntime, url: str, **options: Any) -> PrometheusFleet:
-    """Fill ``runtime``'s store (and feed its engine) from the Prometheus query API at ``url`` too.
-
-    ``options`` are :class:`gridwatch.console.fleet.prometheus.PrometheusOptions` fields (interval, timeout...).
-    Raises ValueError in one sentence when ``url`` is not an http(s) address.
-    """
-    from gridwatch.console.fleet.prometheus import PrometheusFleet, PrometheusOptions
-
-    engine = runtime.engine
-    try:
-        fleet = PrometheusFleet(PrometheusOptions(url, **options), runtime.store, runtime.on_frame,
-                                engine.observe if engine is not None else None)
-    except ValueError as exc:
-        raise ValueError(f"prometheus: {exc}") from None
-    runtime.prometheus = fleet
-    runtime.hooks.stopping.append(fleet.stop)
-    return fleet
-
-
-def page_through_alertmanager(runtime: ConsoleRuntime, url: str, clock: Clock | None = None) -> Alertmanager:
-    """Every notify of ``runtime``'s playbooks also fires the incident's alert at ``url``; it resolves with the incident.
-
-    Raises ValueError in one sentence when ``url`` is not an http(s) address.
-    """
-    from gridwatch.playbooks.notify import Alertmanager, DefaultNotifier
-
-    said: list[str] = []
-
-    def trouble(line: str | None) -> None:
-        # Clear only the alert this raised: the incident store's own alert stays.
-        if line is not None or (said and runtime.alert == said[-1]):
-            runtime.set_alert(line)
-        said[:] = [line] if line else []
-
-    try:
-        alerts = Alertmanager(url, clock or runtime.store.clock, on_trouble=trouble)
-    except ValueError as exc:
-        raise ValueError(f"alertmanager: {exc}") from None
-    notifier = getattr(runtime.executor, "notifier", None)
-    if isinstance(notifier, DefaultNotifier):
-        notifier.alertmanager = alerts
-    runtime.hooks.recovered.append(lambda row: alerts.resolve(row.id))
-    runtime.hooks.resolved.append(alerts.resolve)
-    runtime.hooks.stopping.append(alerts.close)
-    runtime.alertmanager = alerts
-    return alerts

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 if TYPE_CHECKING:
-    from gridwatch.console.runtime.core import ConsoleRuntime, RuntimeOptions
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.wiring import RuntimeOptions
 
 # Lease length; renewed every third of it, so one missed renewal does not cost the lead.
 DEFAULT_TTL = 5.0

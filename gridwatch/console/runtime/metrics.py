@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from gridwatch.console.runtime.core import ConsoleRuntime, IncidentRow
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.runtime.incidents import IncidentRow
 
 PREFIX = "gridwatch_console_"
 # Seconds: from a fast XID (a second or two) to a hang found by its collective timeout (tens of minutes).

@@ -9,8 +9,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Static
 
+from gridwatch.console.fleet.metrics import Metric
+from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.prometheus import Panel
-from gridwatch.console.fleet.state import SORT_KEYS, VALUE_ORDER_EVERY_S, Metric, NodeRow, NodeStatus
+from gridwatch.console.fleet.rows import SORT_KEYS, VALUE_ORDER_EVERY_S, NodeRow
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
 from gridwatch.console.tui.widgets.heatmap import LEGEND, cell_style

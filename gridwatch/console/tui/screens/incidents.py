@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from gridwatch.console.runtime.core import IncidentRow
+from gridwatch.console.runtime.incidents import IncidentRow
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.screens.confirm import Confirmed, ConfirmScreen
 from gridwatch.console.tui.screens.logs import Highlight, LogsScreen, LogWindow, ranks_named

@@ -13,8 +13,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
+from gridwatch.console.fleet.logquery import LogEntry, LogQuery, QueryError, parse_log_query
 from gridwatch.console.fleet.logtime import console_zone, format_time, zone_label
-from gridwatch.console.fleet.state import LogEntry, LogQuery, QueryError, parse_log_query
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.screens.node import SEVERITY_STYLES
 from gridwatch.console.tui.widgets import Column, PlainStatic, TextTable

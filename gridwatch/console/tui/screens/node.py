@@ -12,8 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from gridwatch.console.fleet.prometheus import HistoryWindow, NodeHistory, Panel
-from gridwatch.console.fleet.state import (
+from gridwatch.console.fleet.history import (
     GPU_MEM,
     GPU_POWER,
     GPU_TEMP,
@@ -22,11 +21,14 @@ from gridwatch.console.fleet.state import (
     HOST_MEM,
     HOST_RX,
     HOST_TX,
+)
+from gridwatch.console.fleet.node import (
     CheckVerdict,
     NodeState,
     PatrolStatus,
     event_text,
 )
+from gridwatch.console.fleet.prometheus import HistoryWindow, NodeHistory, Panel
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.screens.confirm import Confirmed, ConfirmScreen
 from gridwatch.console.tui.widgets import Column, PlainStatic, TextTable, format_age, format_rate, sparkline

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from gridwatch.console.fleet.goodput import LABELS, Breakdown, Reliability, TimeUse
-from gridwatch.console.fleet.state import TrainingSummary
+from gridwatch.console.fleet.rows import TrainingSummary
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.widgets import BraillePlot, Column, PlainStatic, TextTable, format_age
 from gridwatch.console.tui.widgets.text_table import Cell

@@ -15,7 +15,8 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
 
-from gridwatch.console.fleet.state import HeatmapNode, LazyRows, NodeStatus
+from gridwatch.console.fleet.node import NodeStatus
+from gridwatch.console.fleet.rows import HeatmapNode, LazyRows
 from gridwatch.console.tui.widgets.plain import plain
 from gridwatch.console.tui.widgets.text_table import PaintedOnce, fit
 from gridwatch.sshlink.hostlist import compress

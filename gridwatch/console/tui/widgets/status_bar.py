@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from gridwatch.console.fleet.state import FleetSummary
+from gridwatch.console.fleet.rows import FleetSummary
 from gridwatch.console.tui.widgets.plain import plain_text
 
 
