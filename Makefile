@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Most tests wait on processes and sockets, not the CPU: three workers keep two cores busy. Each test file
-# runs whole in one worker, so a file's servers (Slurm, etcd) start once.
-TEST_WORKERS ?= 3
+# Two workers, one a core: measured on 2 cores, as fast as three (5.5 min) and without the stalls that a
+# third worker's load gives the tests' in-process agents. Each test file runs whole in one worker, so a
+# file's servers (Slurm, etcd) start once.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test install clean bench
 
