@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gridwatch.agent.preflight import (
     CheckOutcome,
@@ -19,6 +19,9 @@ from gridwatch.agent.preflight import (
     read_nic_counters,
     read_nic_links,
 )
+
+if TYPE_CHECKING:
+    from gridwatch.agent.agent import Agent  # a type only: the agent imports these modules
 
 # Cheap enough to run every minute beside a training job: no writes, no sleeps, no torch.
 PATROL_CHECKS = ("gpus", "network", "storage")
@@ -50,7 +53,7 @@ class Patrol:
 
     def __init__(
         self,
-        agent: Any,
+        agent: Agent,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
         args: PreflightArgs | None = None,
@@ -101,7 +104,7 @@ class Patrol:
         if failing and failing != self.failing:
             reasons = "; ".join(f"{name}: {detail}" for name, detail in sorted(failures.items()))
             self.agent.event(
-                "patrol_failed", f"patrol: node sub-healthy: {reasons}", severity="error", checks=",".join(sorted(failing)), **failures
+                "patrol_failed", f"patrol: node sub-healthy: {reasons}", severity="error", checks=",".join(sorted(failing)), **failures,  # type: ignore[arg-type]  # check names: never gpu or code
             )
         elif not failing and self.failing:
             self.agent.event(
@@ -130,7 +133,7 @@ class Patrol:
             self.task.cancel()
 
 
-def start_patrol(agent: Any) -> Patrol | None:
+def start_patrol(agent: Agent) -> Patrol | None:
     """Start the patrol when ``patrol_interval`` is set (in a running loop); ``None`` when it is 0."""
     interval = float(agent.config.patrol_interval or 0.0)
     if interval <= 0:

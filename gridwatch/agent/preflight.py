@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import psutil
@@ -42,6 +42,9 @@ from gridwatch.wire.preflight import (
     CommArgs,
     PreflightArgs,
 )
+
+if TYPE_CHECKING:
+    from gridwatch.agent.agent import Agent  # a type only: the agent imports these modules
 
 _MIB = 1024 * 1024
 # Events that leave a GPU needing attention (a reset, a drain) until someone clears them.
@@ -126,13 +129,13 @@ def _summary(problems: list[str], good: str) -> str:
 # ------------------------------------------------------------------------ ring
 
 
-def _frames_of(agent: Any, tag: bytes) -> list[bytes]:
+def _frames_of(agent: Agent, tag: bytes) -> list[bytes]:
     frames, _ = agent.ring.since(agent.ring.first_seq - 1)
     # A byte search before decoding keeps a full-ring scan to a few ms.
     return [f for f in frames if tag in f[:40]]
 
 
-def latest_gpu_samples(agent: Any) -> list[p.GpuSample] | None:
+def latest_gpu_samples(agent: Agent) -> list[p.GpuSample] | None:
     """The GPUs as the agent last sampled them, or ``None`` if it has not sampled yet."""
     for data in reversed(_frames_of(agent, b'"type":"sample"')):
         frame = p.decode_agent_frame(data)
@@ -141,7 +144,7 @@ def latest_gpu_samples(agent: Any) -> list[p.GpuSample] | None:
     return None
 
 
-def pending_gpu_faults(agent: Any, since: float) -> list[p.Event]:
+def pending_gpu_faults(agent: Agent, since: float) -> list[p.Event]:
     """GPU fault events after ``since`` and after the last successful clear_faults."""
     pending: list[p.Event] = []
     for data in _frames_of(agent, b'"type":"event"'):
@@ -158,7 +161,7 @@ def pending_gpu_faults(agent: Any, since: float) -> list[p.Event]:
 # ------------------------------------------------------------------------ gpus
 
 
-def check_gpus(agent: Any, args: PreflightArgs, now: float) -> CheckOutcome:
+def check_gpus(agent: Agent, args: PreflightArgs, now: float) -> CheckOutcome:
     """Count, health and idleness of every GPU (``nvidia-smi -q``), plus unhandled fault events."""
     expected = args.gpus
     found = len(agent.gpu_info)
@@ -381,16 +384,16 @@ def _plain_str(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-def check_stack(agent: Any) -> CheckOutcome:
+def check_stack(agent: Agent) -> CheckOutcome:
     fp = agent.stack
     return CheckOutcome(True, f"stack {str(fp.hash)[:12] or 'unknown'}", {"fingerprint": msgspec.to_builtins(fp, enc_hook=_plain_str)})
 
 
-def check_time(agent: Any) -> CheckOutcome:
+def check_time(agent: Agent) -> CheckOutcome:
     return CheckOutcome(True, "wall clock read", {"wall": agent.clock()})
 
 
-async def run_checks(agent: Any, action: p.Action, role: str = "viewer") -> p.ActionResult:
+async def run_checks(agent: Agent, action: p.Action, role: str = "viewer") -> p.ActionResult:
     """The ``preflight`` action: every asked check, each with a verdict and its numbers.
 
     Checks that hold the node's resources (network sampling, the write test, the
@@ -415,7 +418,7 @@ async def run_checks(agent: Any, action: p.Action, role: str = "viewer") -> p.Ac
         agent.preflight_running = None
 
 
-async def _run_checks(agent: Any, action: p.Action, args: PreflightArgs) -> p.ActionResult:
+async def _run_checks(agent: Agent, action: p.Action, args: PreflightArgs) -> p.ActionResult:
     results: dict[str, CheckOutcome] = {}
     if "time" in args.checks:
         results["time"] = check_time(agent)  # first, so the console's round trip brackets it
