@@ -225,3 +225,11 @@ def test_a_new_incident_in_the_same_second_gets_its_own_id():
     engine.observe("n1", xid13)
     ids = [inc.id for inc in engine.incidents(include_closed=True)]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+def test_the_step_a_symptom_names_is_a_field_of_its_incident_not_a_note_to_parse() -> None:
+    clock = ManualClock(0.0)
+    engine = Engine(_playbooks("name: x\ntrigger: {event: xid}\nplan: [notify]\n"), clock)
+    (plan,) = engine.observe("n1", Event(node="n1", kind="xid", code=79, details={"step": "120"}))
+    assert plan.incident.symptom_step == 120
+    assert any("training step 120" in note for note in plan.incident.notes)  # and said for people

@@ -708,7 +708,8 @@ class Engine:
             last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",
         )
         if symptom.details.get("step", "").isdigit():
-            incident.notes.append(f"{now:.3f} first symptom at training step {symptom.details['step']}")
+            incident.symptom_step = int(symptom.details["step"])
+            incident.notes.append(f"{now:.3f} first symptom at training step {incident.symptom_step}")
         self._open[(pb.name, key)] = incident
         self._by_id[incident.id] = incident
         if symptom.code is not None:
@@ -855,7 +856,7 @@ class Engine:
         removing = {incident.node} if any(s.action in REMOVING_STEPS for s in plan) else set()
         live = [n for n in self.live_nodes(incident.job) if n not in removing]
         cause = self.nodes.get(incident.node)
-        before_step = next((int(n.split()[-1]) for n in incident.notes if "training step" in n), None)
+        before_step = incident.symptom_step
         if before_step is None and cause is not None:
             before_step = cause.trainer_step
         steps = []

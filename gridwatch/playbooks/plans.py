@@ -33,7 +33,8 @@ class Incident(msgspec.Struct, kw_only=True):
     supersedes: list[str] = []  # milder incidents on the same node this one took over; their plans stop
     recovered_at: float | None = None
     closed_at: float | None = None
-    notes: list[str] = []  # what the engine decided about it, in order
+    notes: list[str] = []  # what the engine decided about it, in order (for people: nothing parses them)
+    symptom_step: int | None = None  # the training step its first symptom named, when it named one
     # The nodes the ranks' collective records name as the cause (the ranks that never entered the
     # collective the others wait in), and the sentence saying so; empty when no record was read.
     blamed: list[str] = []
