@@ -190,11 +190,10 @@ async def trainer_control(agent: Agent, caller: Caller, action: p.Action) -> p.A
         return _result(action, False, f"{name}: no trainer is attached to this node")
     reply = await agent.trainer.control(name, dict(action.args))
     ok = bool(reply.get("ok"))
-    result = _result(action, ok, str(reply.get("message") or reply.get("error") or ("done" if ok else "failed")),
-                     reply=reply)
-    code = reply.get("code")
-    result.code = p.Text(code) if code is not None else None
-    return result
+    message = str(reply.get("message") or reply.get("error") or ("done" if ok else "failed"))
+    code = reply.get("code")  # why it failed, where the caller acts on it (ResultCode)
+    return p.ActionResult(id=action.id, action=action.action, ok=ok, message=p.Text(message),
+                          data={"reply": reply}, code=p.Text(code) if code is not None else None)
 
 
 async def capture_scene(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:

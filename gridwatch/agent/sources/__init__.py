@@ -28,7 +28,7 @@ from loguru import logger
 from gridwatch.wire.protocol import Event, GpuInfo, GpuSample, HostSample, Text, TrainerStatus, clean_text
 
 if TYPE_CHECKING:
-    # Only a type here: gridwatch.agent.logs imports the detectors, which import gridwatch.agent.sources.xid.
+    # Only a type here: gridwatch.agent.logs imports the detectors, which import gridwatch.agent.sources.pci.
     from gridwatch.agent.logs import LogEntry
 
 

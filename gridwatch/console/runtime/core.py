@@ -315,8 +315,8 @@ class ConsoleRuntime:
             late = loop.time() - due
             if late > LOOP_STALL_S and self.engine is not None:
                 self.engine.excuse_silence(self.engine.clock.now())
-                (logger.warning if late > 1.0 else logger.debug)(
-                    "the console's loop stalled {:.1f} s: no node's silence of that time is held against it", late)
+                logger.log("WARNING" if late > 1.0 else "DEBUG",
+                           "the console's loop stalled {:.1f} s: no node's silence of that time is held against it", late)
             self.tick_engine()
             self.collector.tick()  # a baseline held back by its minimum gap
             due = loop.time() + self.tick_interval
