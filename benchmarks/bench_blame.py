@@ -32,7 +32,8 @@ from gridwatch.playbooks.blame_collectives import blame  # noqa: E402
 from gridwatch.trainer.config import TrainConfig  # noqa: E402
 from gridwatch.trainer.flight import gather  # noqa: E402
 from gridwatch.trainer.launch import LocalRun, start_local_run  # noqa: E402
-from gridwatch.wire.control import CollectiveRecord, read_status  # noqa: E402
+from gridwatch.wire.control import CollectiveRecord  # noqa: E402
+from gridwatch.wire.controlsock import read_status  # noqa: E402
 from gridwatch.wire.simdevices import SIM_DEVICES_ENV, DeviceFault, DeviceState, FaultRecord, state_path, write_state  # noqa: E402
 
 KINDS = ("sigstop", "spin", "stuck")

@@ -433,9 +433,10 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
     """Median CPU ms of the fleet view's tick and paint with ``nodes`` in the store, per way of looking."""
     from gridwatch.console.fleet.state import ManualClock, StateStore
     from gridwatch.console.runtime.core import ConsoleRuntime
-    from gridwatch.console.runtime.incidents import MemoryIncidents
+    from gridwatch.console.runtime.incidents import StoreIncidents
     from gridwatch.console.tui.app import GridwatchApp
     from gridwatch.console.tui.widgets import GpuHeatmap
+    from gridwatch.playbooks.store import IncidentStore
     from gridwatch.wire import protocol as p
 
     clock = ManualClock(1_700_000_000.0)
@@ -460,7 +461,8 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
     results: dict[str, float] = {}
 
     async def main() -> None:
-        app = GridwatchApp(ConsoleRuntime(store, incidents=MemoryIncidents(clock)), tick_seconds=3600, start_runtime=False)
+        incidents = StoreIncidents(IncidentStore(":memory:", clock))
+        app = GridwatchApp(ConsoleRuntime(store, incidents=incidents), tick_seconds=3600, start_runtime=False)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             screen: Any = app.screen

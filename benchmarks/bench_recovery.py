@@ -32,7 +32,7 @@ import psutil
 
 from gridwatch.trainer.config import TrainConfig
 from gridwatch.trainer.launch import LocalRun, start_local_run
-from gridwatch.wire.control import request
+from gridwatch.wire.controlsock import request
 
 WINDOW_S = 120.0
 

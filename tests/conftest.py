@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,3 +150,12 @@ def spawn_agent(keys, port: int, name: str = "node-1", *extra: str, log: Path | 
     ]
     out = open(log, "wb") if log else subprocess.DEVNULL
     return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory another local user may reach (tmp_path's parents are closed to others)."""
+    d = Path(tempfile.mkdtemp(prefix="gw-test-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

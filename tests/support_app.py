@@ -8,8 +8,10 @@ from types import SimpleNamespace
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.console.runtime.core import ConsoleRuntime
-from gridwatch.console.runtime.incidents import IncidentRow, MemoryIncidents
+from gridwatch.console.runtime.incidents import IncidentRow, MemoryIncidents, StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.playbooks.plans import Incident
+from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire.protocol import ActionResult, LogLine, Text, TrainerStatus
 from tests.support_frames import T0, fill_fleet, make_hello, make_sample
 
@@ -94,8 +96,8 @@ def trained_runtime() -> ConsoleRuntime:
     """60 s of one-a-second steps, a 10 s hang (5 s of it before the incident), 10 s restoring, 20 s of steps."""
     clock = ManualClock(T0)
     store = StateStore(clock)
-    incidents = MemoryIncidents(clock)
-    runtime = ConsoleRuntime(store, incidents=incidents)
+    incidents = IncidentStore(":memory:", clock)
+    runtime = ConsoleRuntime(store, incidents=StoreIncidents(incidents))
     link = SimpleNamespace(endpoint="node01")
     runtime.on_frame(link, make_hello("node01", gpus=2))
     seq = 0
@@ -111,6 +113,8 @@ def trained_runtime() -> ConsoleRuntime:
     at(70, "restarting", 60)
     for j in range(21):
         at(80 + j, "training", 60 + j)
-    incidents.add(IncidentRow(id="inc-1", severity="critical", node="node01", title="hang", state="open",
-                              detected_at=T0 + 65, fault_at=T0 + 60, recovered_at=T0 + 81))
+    incidents.upsert_incident(Incident(id="inc-1", playbook="", kind="hang", severity="critical", scope="node",
+                                       node="node01", summary="hang", opened_at=T0 + 65, last_seen_at=T0 + 65,
+                                       recovered_at=T0 + 81))
+    incidents.mark_fault("inc-1", T0 + 60, None)
     return runtime

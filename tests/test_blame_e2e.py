@@ -66,7 +66,7 @@ def _verdict_after(job, started: float):
 
 
 def _worker_pid(job, node: str) -> int:
-    from gridwatch.wire.control import read_status
+    from gridwatch.wire.controlsock import read_status
 
     return int(asyncio.run(read_status(job.socket_path(node))).pid or 0)
 

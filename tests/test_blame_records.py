@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 
 from gridwatch.playbooks.blame_collectives import BlameReason, blame
-from gridwatch.wire.control import (
-    MAX_DUMP_ENTRIES,
-    CollectiveEntry,
-    CollectiveRecord,
-    CollectiveState,
-    ProcessGroupInfo,
-    read_collectives,
-    read_stacks,
-)
+from gridwatch.wire.control import MAX_DUMP_ENTRIES, CollectiveEntry, CollectiveRecord, CollectiveState, ProcessGroupInfo
+from gridwatch.wire.controlsock import read_collectives, read_stacks
 
 S = CollectiveState
 NODES = ["node-1", "node-2", "node-3", "node-4"]

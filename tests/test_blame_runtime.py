@@ -170,7 +170,7 @@ async def test_a_frozen_worker_in_a_real_job_is_blamed_and_isolated_by_the_runti
     from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
     from gridwatch.sshlink.hostlist import parse_endpoints
     from gridwatch.trainer.launch import start_local_run
-    from gridwatch.wire.control import read_status
+    from gridwatch.wire.controlsock import read_status
     from tests.support_trainer import last, tiny
 
     cfg = tiny(tmp_path / "run", steps=100_000, tier0_every=1000, tier1_every=1000, tier2_every=1000,

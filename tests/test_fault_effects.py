@@ -178,7 +178,7 @@ def test_crash_ecc_and_lost_gpu_hurt_the_job_as_real_ones_do(tmp_path: Path, sim
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(trainer_unavailable() is not None, reason="the trainer is not in this build")
 def test_flap_hang_and_a_lost_gpu_that_is_told_to_leave(tmp_path: Path, sim: Path) -> None:
-    from gridwatch.wire.control import request
+    from gridwatch.wire.controlsock import request
 
     timeout = 8.0
     run = _start(tmp_path, timeout)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from gridwatch.console.fleet.metrics import Metric
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.console.runtime.core import ConsoleRuntime
-from gridwatch.console.runtime.incidents import MemoryIncidents
+from gridwatch.console.runtime.incidents import StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.widgets import GpuHeatmap, TextTable
 from gridwatch.console.tui.widgets.heatmap import group_runs
+from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire import protocol as p
 
 NODES = 3000
@@ -44,7 +45,8 @@ def test_racks_make_the_lines_of_the_zoomed_out_heatmap():
 
 async def test_zoom_pages_and_the_worst_key_find_a_hot_gpu_in_a_far_page():
     store = _fleet()
-    app = GridwatchApp(ConsoleRuntime(store, incidents=MemoryIncidents(store.clock)), tick_seconds=3600, start_runtime=False)
+    incidents = StoreIncidents(IncidentStore(":memory:", store.clock))
+    app = GridwatchApp(ConsoleRuntime(store, incidents=incidents), tick_seconds=3600, start_runtime=False)
     async with app.run_test(size=(200, 60)) as pilot:
         await pilot.pause()
         screen = app.screen

@@ -13,8 +13,9 @@ from gridwatch.console.fleet.rows import (
 )
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.console.runtime.core import ConsoleRuntime
-from gridwatch.console.runtime.incidents import MemoryIncidents
+from gridwatch.console.runtime.incidents import StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire.protocol import Event, Text
 from tests.support_frames import T0, fill_fleet, make_hello, make_sample
 
@@ -135,8 +136,8 @@ def test_a_filter_follows_the_fleet_within_a_second() -> None:
 
 async def test_the_fleet_view_says_how_old_a_value_order_is() -> None:
     store = fleet()
-    app = GridwatchApp(ConsoleRuntime(store, incidents=MemoryIncidents(store.clock)), tick_seconds=3600,
-                       start_runtime=False)
+    incidents = StoreIncidents(IncidentStore(":memory:", store.clock))
+    app = GridwatchApp(ConsoleRuntime(store, incidents=incidents), tick_seconds=3600, start_runtime=False)
     async with app.run_test(size=(200, 40)) as pilot:
         await pilot.pause()
         await pilot.press("s", "s")  # name, status, util

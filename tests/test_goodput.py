@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from gridwatch.console.fleet.goodput import LOSSES, STALE_S, GoodputTracker, IncidentSpan, JobPhase, Piece, TimeUse, reliability
+from gridwatch.console.fleet.goodput import LOSSES, IncidentSpan, Piece, TimeUse, reliability
+from gridwatch.console.fleet.goodput_tracker import GoodputTracker
+from gridwatch.console.fleet.jobstate import STALE_S, JobPhase
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.wire.protocol import Text, TrainerStatus
 

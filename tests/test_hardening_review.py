@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncssh
@@ -30,7 +27,8 @@ from gridwatch.trainer.checkpoint import write_checkpoint
 from gridwatch.trainer.config import CONFIG_NAME, ConfigRefused, TrainConfig, read_config, release_tier0
 from gridwatch.trainer.launch import LaunchError, prepare
 from gridwatch.wire import protocol as p
-from gridwatch.wire.control import ControlReply, TrainerUnavailable, encode_reply, read_status
+from gridwatch.wire.control import ControlReply, encode_reply
+from gridwatch.wire.controlsock import TrainerUnavailable, read_status
 from gridwatch.wire.protocol import Event, Hello, Sample, Text, TrainerStatus
 from tests.conftest import PYTHON, ROOT, start_agent, stop_agent, wait_until
 from tests.support_hardening import NOBODY, as_nobody, as_root, finished, make_manifest, state
@@ -41,15 +39,6 @@ VIEWER = Caller(username="v", role="viewer", key="SHA256:viewer")
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory another local user may reach (tmp_path's parents are closed to others)."""
-    d = Path(tempfile.mkdtemp(prefix="gw-review-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 # ------------------------------------------------- 1: the run's config decides what is deleted

@@ -29,7 +29,7 @@ from gridwatch.trainer.control_server import ControlServer
 from gridwatch.trainer.launch import LaunchError, prepare
 from gridwatch.trainer.restore import local_candidates, restore_newest
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
-from gridwatch.wire.control import read_status, request
+from gridwatch.wire.controlsock import read_status, request
 from gridwatch.wire.protocol import Text, TrainerStatus
 from tests.conftest import ROOT
 from tests.support_hardening import MODEL, NOBODY, as_nobody, as_root, finished, make_manifest, state

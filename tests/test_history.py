@@ -18,7 +18,8 @@ from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.plans import Plan
 from gridwatch.playbooks.replay import replay
 from gridwatch.playbooks.schema import check_text
-from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
+from gridwatch.playbooks.store import IncidentStore, StoreError
+from gridwatch.playbooks.store_db import SCHEMA_VERSION
 from gridwatch.wire.protocol import Event, GpuInfo, Hello, Text
 from tests.support_executor import FakeNotifier, FakeRunner, FakeSink
 

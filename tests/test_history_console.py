@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.console.runtime.core import ConsoleRuntime
-from gridwatch.console.runtime.incidents import MemoryIncidents
+from gridwatch.console.runtime.incidents import StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
 from gridwatch.console.tui.screens import NodeScreen
 from gridwatch.playbooks.store import IncidentStore
@@ -34,7 +34,7 @@ def _runtime(tmp_path: Path, fleet: RecordingFleet, hold: bool = False) -> Conso
     fill_fleet(store, ["node1", "node2", "node3"])
     for node in list(store.nodes.values()):
         store.set_link(node.key, node.link, role="operator")
-    return ConsoleRuntime(store, fleet=fleet, incidents=MemoryIncidents(store.clock),
+    return ConsoleRuntime(store, fleet=fleet, incidents=StoreIncidents(IncidentStore(":memory:", store.clock)),
                           plan_store=IncidentStore(db, store.clock))
 
 

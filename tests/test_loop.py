@@ -97,8 +97,8 @@ async def test_application_xid_isolates_nothing_and_hardware_xid_moves_training_
         await session.close()
 
 
-@pytest.mark.timeout(90)
-async def test_a_killed_agent_gets_its_node_taken_out(tmp_path: Path) -> None:
+@pytest.mark.timeout(120)
+async def test_a_killed_agent_is_lost_not_out_and_its_next_hardware_fault_is_handled(tmp_path: Path) -> None:
     session = _session(tmp_path, trainer=False)
     try:
         await session.start()
@@ -110,7 +110,24 @@ async def test_a_killed_agent_gets_its_node_taken_out(tmp_path: Path) -> None:
         assert inc.node == "node-3"
         await wait_until(lambda: any(s.step == "isolate_node" and s.state in ("done", "failed")
                                      for s in session.store.steps(inc.id)), 30, "the isolate step")
-        assert _out(session) == {"node-3"}
+        isolate = next(s for s in session.store.steps(inc.id) if s.step == "isolate_node")
+        assert isolate.state == "failed", isolate.outcome  # a dead agent cannot be isolated ...
+        assert _out(session) == set()  # ... so node-3 is lost, not out of the job (no scheduler drained it)
+        assert session.engine.nodes["node-3"].lost
         assert any(a.what.startswith("isolate_node") and a.phase == "before" for a in session.store.audit_log(inc.id))
+
+        # The agent comes back, and then a real hardware fault: its own incident, scene and isolation.
+        assert session.cluster.respawn_agent("node-3")
+        await wait_until(lambda: not session.engine.nodes["node-3"].lost, 30, "node-3 reporting again")
+        assert (await session.inject("node-3", FaultSpec("xid", 79), gpu=0)).ok
+        await wait_until(lambda: _incidents(session, "xid-hardware"), 15, "the XID 79 incident on node-3")
+        hw = _incidents(session, "xid-hardware")[0]
+        assert hw.node == "node-3"
+        await wait_until(lambda: all(s.state not in ("planned", "running") for s in session.store.steps(hw.id)),
+                         60, "the XID plan to finish")
+        steps = {s.step: s for s in session.store.steps(hw.id)}
+        for name in ("capture_scene", "isolate_node"):
+            assert steps[name].state == "done", f"{name}: {steps[name].state} {steps[name].outcome}"
+        assert _out(session) == {"node-3"}
     finally:
         await session.close()

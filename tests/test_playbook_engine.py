@@ -233,3 +233,58 @@ def test_the_step_a_symptom_names_is_a_field_of_its_incident_not_a_note_to_parse
     (plan,) = engine.observe("n1", Event(node="n1", kind="xid", code=79, details={"step": "120"}))
     assert plan.incident.symptom_step == 120
     assert any("training step 120" in note for note in plan.incident.notes)  # and said for people
+
+
+_HW_AND_HB = """
+name: hb
+severity: critical
+trigger: {condition: heartbeat_lost, missed: 3}
+plan: [notify, {do: isolate_node, continue_on_failure: true}]
+guards: {blast_radius: {max_nodes: 5}}
+---
+name: hw
+severity: critical
+trigger: {event: xid, match: {code: [79, 48]}}
+plan: [capture_scene, isolate_node, notify]
+guards: {blast_radius: {max_nodes: 5}}
+"""
+
+
+def _finish(engine: Engine, plan, state: str) -> None:  # noqa: ANN001 - a Plan
+    for step in plan.steps:
+        engine.step_finished(step, state if step.step == "isolate_node" else "done", "test")
+
+
+def test_a_node_is_out_only_once_its_removal_is_done_and_a_failed_one_is_planned_again() -> None:
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks(_HW_AND_HB), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    plans = engine.observe("10.0.0.1:2222", Event(node="node1", kind="xid", code=79, gpu=0, ts=clock.now()))
+    assert [p.incident.playbook for p in plans] == ["hw"]
+    assert not engine.nodes["node1"].out and "node1" not in engine.live_nodes()  # being removed: off job steps
+    _finish(engine, plans[0], "failed")  # "not connected": the isolation did not happen
+    assert not engine.nodes["node1"].out
+    # The next XID on it is not swallowed as "already out": the node reports again, the plan is made anew.
+    again = engine.observe("10.0.0.1:2222", Sample(node="node1", ts=clock.now()))
+    assert [p.incident.id for p in again] == [plans[0].incident.id]
+    assert [s.index for s in again[0].steps] == [3, 4, 5]  # new step ids after the first plan's
+    _finish(engine, again[0], "done")
+    assert engine.nodes["node1"].out
+
+
+def test_a_hardware_fault_after_a_heartbeat_loss_gets_its_own_capture_and_isolation() -> None:
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks(_HW_AND_HB), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    clock.advance(3.5)
+    for name in ("node1", "node2"):
+        engine.observe(f"10.0.0.{name[-1]}:2222", Sample(node=name, ts=clock.now()))
+    hb = engine.tick()
+    assert [(p.incident.playbook, p.incident.node) for p in hb] == [("hb", "node3")]
+    _finish(engine, hb[0], "failed")  # isolate: not connected (the agent had crashed)
+    # The agent is back; the XID 79 it then reports (and an XID 48 after) make the hardware plan.
+    engine.observe("10.0.0.3:2222", Hello(node="node3", ts=clock.now()))
+    plans = engine.observe("10.0.0.3:2222", Event(node="node3", kind="xid", code=79, gpu=1, ts=clock.now()))
+    assert [p.incident.playbook for p in plans] == ["hw"]
+    assert [s.step for s in plans[0].steps if s.decision == "act"] == ["capture_scene", "isolate_node", "notify"]
+    assert hb[0].incident.id in plans[0].incident.supersedes

@@ -280,3 +280,34 @@ async def test_rollback_names_the_newest_shared_checkpoint_below_the_bad_step(tm
     await executor.run(plan)
     assert {args["step"] for _, _, args in sink.calls} == {80}
     assert sink.calls[0][2]["before_step"] == 85 and sink.calls[0][2]["checkpoint"] == "before"
+
+
+async def test_a_standby_taking_the_lead_skips_a_heartbeat_plan_whose_node_came_back(tmp_path: Path) -> None:
+    """A standby stalled, planned heartbeat-lost for a node, and takes the lead after the node's frames came
+    back: before each step it re-reads the condition, and the node is not isolated."""
+    clock = ManualClock(1000.0)
+    playbooks, errors = check_text("name: hb\ntrigger: {condition: heartbeat_lost}\n"
+                                   "plan: [notify, isolate_node, restart_from_checkpoint]\n", "t.yaml")
+    assert not errors
+    engine = Engine(playbooks, clock)
+    for name in ("node1", "node2", "node3"):
+        engine.observe(name, Hello(node=name, ts=clock.now()))
+    clock.advance(4.0)
+    engine.observe("node1", Sample(node="node1"))
+    engine.observe("node2", Sample(node="node2"))
+    (plan,) = engine.tick()
+    sink = FakeSink()
+    executor, store, _, notifier = _executor(tmp_path, sink)
+    executor.recheck = engine.no_longer_holds
+    leading = False
+    executor.gate = lambda: None if leading else "this console does not lead"
+    await executor.run(plan)
+    assert [r.state for r in store.steps(plan.incident.id)] == ["planned"] * 3 and not sink.calls
+    engine.observe("node3", Sample(node="node3"))  # its frames come back before the lead changes
+    leading = True
+    records = await executor.resume()
+    assert plan.incident.id in records
+    steps = store.steps(plan.incident.id)
+    assert [r.state for r in steps] == ["skipped"] * 3
+    assert "node3 is sending frames again" in steps[0].outcome
+    assert not sink.calls and not notifier.sent

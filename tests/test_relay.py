@@ -371,3 +371,33 @@ def test_relay_help_and_a_bad_relay_toml_key(tmp_path):
     run = subprocess.run([PYTHON, "-m", "gridwatch", "relay", "--config", str(toml)], cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 2 and f"{toml}: nodes:" in run.stderr and "backwards" in run.stderr
+
+
+async def test_behind_a_relay_each_console_key_keeps_its_own_role_and_request_budget(keys):
+    """The agent caps and budgets a relayed request by the console key behind the relay, not the relay's:
+    a viewer gets no operator pre-flight, and its pings do not use up the operator's requests."""
+    ra = await start_agent(keys, name="node-1", action_burst=3, action_rate=0.01)
+    r = Relay(name="rack1", nodes=[endpoint(ra)], keys=RelayKeys.from_dir(keys.dir), backoff_min=0.05, backoff_max=0.3)
+    relay_ep = Endpoint("127.0.0.1", await r.start("127.0.0.1", 0))
+    viewer = console(keys, {relay_ep: [endpoint(ra)]}, key=keys.viewer_key, mode=p.StreamMode.SUMMARY)
+    operator = console(keys, {relay_ep: [endpoint(ra)]}, mode=p.StreamMode.SUMMARY)
+    await viewer.fleet.start()
+    await operator.fleet.start()
+    try:
+        await wait_until(lambda: viewer.of("node-1", p.Summary) and operator.of("node-1", p.Summary), 15,
+                         "summaries to both consoles")
+        pong = await viewer.fleet.action("node-1", "ping")
+        assert pong.ok and pong.data["role"] == "viewer"  # the agent answers the viewer behind the relay
+        comm = {"master_addr": "127.0.0.1", "master_port": 29999, "rank": 0, "world": 2}
+        pre = await viewer.fleet.action("node-1", "preflight", args={"checks": ["comm"], "comm": comm})
+        assert not pre.ok and "needs the operator role; this key is a viewer" in pre.message
+        answers = [await viewer.fleet.action("node-1", "ping") for _ in range(3)]
+        assert not answers[-1].ok and "over its budget" in answers[-1].message  # the viewer's budget is spent ...
+        res = await operator.fleet.action("node-1", "isolate", reason="test")
+        assert res.ok, res.message  # ... the operator's is its own
+        assert ra.agent.isolated
+    finally:
+        await viewer.fleet.stop()
+        await operator.fleet.stop()
+        await r.close()
+        await stop(ra)

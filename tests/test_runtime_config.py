@@ -11,7 +11,8 @@ import pytest
 from gridwatch.console.runtime.config import ConfigError, load_cluster
 from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
 from gridwatch.playbooks.loader import BUILTIN_DIR, load_with_builtin
-from gridwatch.playbooks.store import SCHEMA_VERSION, IncidentStore, StoreError
+from gridwatch.playbooks.store import IncidentStore, StoreError
+from gridwatch.playbooks.store_db import SCHEMA_VERSION
 from tests.conftest import free_port
 from tests.support_cli import cluster_toml, gridwatch
 

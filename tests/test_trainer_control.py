@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from gridwatch.trainer.control_server import ControlServer
-from gridwatch.wire.control import (
-    SOCKET_ENV,
-    TrainerUnavailable,
-    events_after,
-    read_status,
-    request,
-    restart_target,
-    socket_path,
-)
+from gridwatch.wire.control import events_after, restart_target
+from gridwatch.wire.controlsock import SOCKET_ENV, TrainerUnavailable, read_status, request, socket_path
 from gridwatch.wire.protocol import Event, Text, TrainerStatus
 
 

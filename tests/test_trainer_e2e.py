@@ -12,7 +12,7 @@ import pytest
 
 from gridwatch.trainer.config import TrainConfig, read_config
 from gridwatch.trainer.launch import LocalRun, start_local_run
-from gridwatch.wire.control import TrainerUnavailable, read_status, request
+from gridwatch.wire.controlsock import TrainerUnavailable, read_status, request
 from tests.conftest import wait_until_sync
 from tests.support_trainer import STEPS, tiny
 

@@ -300,7 +300,7 @@ def python_stacks(pid: int, trainer_socket: str) -> str:
             why = f"py-spy may not trace pid {pid} (ptrace not permitted?): {err or 'exit ' + str(done.returncode)}"
     else:
         why = "py-spy is not installed (pip install py-spy)"
-    from gridwatch.wire.control import TrainerUnavailable, read_stacks
+    from gridwatch.wire.controlsock import TrainerUnavailable, read_stacks
 
     try:
         lines = asyncio.run(read_stacks(trainer_socket))

@@ -470,18 +470,22 @@ class Agent:
                 client.cursor = client.last_sent = self.resume_cursor(frame.resume_from)
             client.wake.set()
             return None
+        if isinstance(frame, (p.Search, p.Action)):
+            # Behind a relay, the console it forwards for: never more than the relay's own role.
+            caller = client.caller if frame.behalf is None else client.caller.behind(str(frame.behalf.key),
+                                                                                     str(frame.behalf.role))
         if isinstance(frame, p.Search):
-            refusal = self._admit(client, "search")
+            refusal = self._admit(client, caller, "search")
             if refusal is not None:
                 client.reply(self.reply_frame(p.SearchResult(id=frame.id, error=p.Text(refusal))))
                 return None
-            return self._answer(client, self.search(frame, client.caller.key))
+            return self._answer(client, self.search(frame, caller.key))
         if isinstance(frame, p.Action):
-            refusal = self._admit(client, "action")
+            refusal = self._admit(client, caller, "action")
             if refusal is not None:
                 client.reply(self.reply_frame(p.ActionResult(id=frame.id, action=frame.action, ok=False, message=p.Text(refusal))))
                 return None
-            return self._answer(client, self.act(client.caller, frame))
+            return self._answer(client, self.act(caller, frame))
         if isinstance(frame, (p.RelaySubscribe, p.Relayed)):
             client.reply(self.reply_frame(p.Error(code=p.Text("not_a_relay"), message=p.Text(
                 "this is a gridwatch agent, not a relay: list it as a node, not under [[relay]]"))))
@@ -494,17 +498,17 @@ class Agent:
         # A client cannot claim frames that were never sent, nor ones before the first.
         return min(max(resume_from, 0), self.ring.last_seq)
 
-    def _admit(self, client: ClientStream, what: str) -> str | None:
-        """None if the request may run now, else why not (one sentence for the client)."""
+    def _admit(self, client: ClientStream, caller: Caller, what: str) -> str | None:
+        """None if ``caller``'s request may run now, else why not (one sentence for the client)."""
         if client.pending >= MAX_PENDING:
             return f"{what} refused: {MAX_PENDING} requests from this session are still running; wait for their answers"
-        if not self.budgets.take(client.caller.key):
+        if not self.budgets.take(caller.key):
             self.refused_requests += 1
             held = self._refusal_log.allow()
             if held is not None:
                 more = f" ({held} more refused since the last such line)" if held else ""
-                self.log.warning("refused a {} from {}: over its request budget{}", what, client.caller, more)
-            wait = self.budgets.bucket(client.caller.key).retry_after()
+                self.log.warning("refused a {} from {}: over its request budget{}", what, caller, more)
+            wait = self.budgets.bucket(caller.key).retry_after()
             return (
                 f"{what} refused: this key is over its budget of {self.config.action_burst:g} requests at once "
                 f"and {self.config.action_rate:g} a second; try again in {wait:.1f} s"

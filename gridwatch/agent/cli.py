@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--authorized-operators", metavar="PATH", help="public keys also allowed to act")
     ap.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve Prometheus /metrics here (dcgm-exporter names)")
     ap.add_argument("--interval", type=float, help="seconds between samples (default 1)")
-    ap.add_argument("--log", action="append", metavar="PATH", help="a log file to tail (repeatable)")
+    ap.add_argument("--log", action="append", metavar="PATH",
+                    help="an application log to tail (repeatable): reports NCCL, CUDA and trainer faults only")
+    ap.add_argument("--kernel-logs", action="append", metavar="PATH",
+                    help="a file of the kernel's own lines, such as /var/log/kern.log (repeatable): may report driver "
+                         "and hardware faults while only root can write it")
     ap.add_argument("--no-kernel-log", dest="kernel_log", action="store_const", const=False, help="do not read the kernel log")
     ap.add_argument("--simulate-gpus", type=int, metavar="N", help="simulate N GPUs instead of reading NVML")
     ap.add_argument("--sim-seed", type=int, help="seed of the simulated GPUs (default 0)")

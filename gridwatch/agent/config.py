@@ -35,8 +35,12 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_listen: HostPort | None = None
     # Under 0.05 s the sampler takes most of a core; past an hour a console calls the node stale anyway.
     interval: Annotated[float, Meta(ge=0.05, le=3600, description="seconds between samples")] = 1.0
+    # Application logs (the trainer's, a job's): they report application faults (NCCL, CUDA, tracebacks) only.
     log: list[PathText] = msgspec.field(default_factory=list)
     kernel_log: bool = True
+    # Files holding the kernel's own lines (rsyslog's kern.log or syslog): they may report driver and hardware
+    # faults (XID, NVSwitch, machine checks), and only while no one but root can write them.
+    kernel_logs: list[PathText] = msgspec.field(default_factory=list)
     # Nodes whose kernel log is only in the journal: "kernel", and units such as "nvidia-fabricmanager.service".
     journal: Annotated[list[JournalSource], Meta(description=JOURNAL_HELP)] = msgspec.field(default_factory=list)
     journal_cursor: PathText = "/var/lib/gridwatch/journal.cursor"  # where the journal reader resumes after a restart

@@ -8,6 +8,7 @@ import fcntl
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections import deque
@@ -18,8 +19,9 @@ import msgspec
 from loguru import logger
 
 from gridwatch.agent.config import JOURNAL_SOURCE
-from gridwatch.agent.detectors import detect
+from gridwatch.agent.detectors import detect, kernel_kind
 from gridwatch.agent.logsearch import match_lines, vet_pattern
+from gridwatch.sshlink.ratelimit import LogLimiter
 from gridwatch.wire.framing import LineBuffer
 from gridwatch.wire.protocol import MAX_LINE_CHARS, Event, Text, clean_text
 
@@ -32,6 +34,31 @@ _MAX_PENDING = MAX_LINE_CHARS * 4
 _KMSG_RECORD = 8192
 
 LogEntry = tuple[str, str, float]  # (source, line, ts)
+
+
+def others_may_write(st: os.stat_result) -> str | None:
+    """Why a file or directory with this status is writable by someone other than root and this process
+    (None when it is not): what such a file says cannot be evidence about the node."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+        return f"writable by every local user (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not stat.S_ISDIR(st.st_mode):
+        return f"writable by group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _open_flags(path: str) -> int:
+    """Read-only, and not through a symlink when others may write the directory (one planted there would
+    make the agent read, and serve to a viewer's search, a file its own user can read and they cannot)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        parent = os.stat(os.path.dirname(os.path.abspath(path)) or "/")
+    except OSError:
+        return flags | os.O_NOFOLLOW
+    if parent.st_uid not in (0, os.geteuid()) or parent.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        flags |= os.O_NOFOLLOW
+    return flags
 
 
 def _decode(raw: bytes) -> str:
@@ -48,16 +75,32 @@ class _FileTail:
     offset: int = 0
     lines: LineBuffer = field(default_factory=lambda: LineBuffer(_MAX_PENDING, keep_prefix=True))
     missing_logged: bool = False
+    kernel: bool = False  # configured as the kernel's lines (kern.log): trusted only while only root can write it
+    untrusted: str | None = None  # why the open file cannot be evidence about the node (others may write it)
+    refused_logged: str = ""
 
     def open(self, from_end: bool) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(self.path, _open_flags(self.path))
         except OSError as exc:
             if not self.missing_logged:
-                logger.debug("log {} not readable yet: {}", self.path, exc.strerror)
+                why = "a symlink in a directory others can write" if exc.errno == errno.ELOOP else exc.strerror
+                logger.log("WARNING" if exc.errno == errno.ELOOP else "DEBUG", "log {} not readable: {}", self.path, why)
                 self.missing_logged = True
             return False
         st = os.fstat(fd)
+        why = others_may_write(st)
+        if why is not None and st.st_mode & stat.S_IWOTH:
+            # Anyone could make this file say a trainer crashed: not read at all.
+            os.close(fd)
+            if self.refused_logged != why:
+                logger.warning("log {} not read: {}; make it writable by its writer alone", self.path, why)
+                self.refused_logged = why
+            return False
+        if why is not None and self.kernel and self.refused_logged != why:
+            logger.warning("kernel log {} is {}: its lines report no kernel or driver fault", self.path, why)
+            self.refused_logged = why
+        self.untrusted = why
         self.close()
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
         self.offset = st.st_size if from_end else 0
@@ -364,14 +407,22 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit
 _TRACEBACK_LOOKAHEAD = 200
 
 
-def _events(entries: list[LogEntry]) -> list[Event]:
-    """Detector events for a batch of lines, with floods folded and tracebacks named."""
+def _events(entries: list[LogEntry], kernel_sources: set[str] | None = None,
+            quoted: Callable[[str, str], None] | None = None) -> list[Event]:
+    """Detector events for a batch of lines, with floods folded and tracebacks named.
+
+    Only lines of ``kernel_sources`` (every source when None) may report kernel and driver kinds;
+    ``quoted`` is told of a line elsewhere that reads as one (source, line).
+    """
     events: list[Event] = []
     counts: dict[tuple[str, str], int] = {}
     last: dict[tuple[str, str], Event] = {}
     for i, (source, line, ts) in enumerate(entries):
-        event = detect(line, source, ts)
+        trusted = kernel_sources is None or source in kernel_sources
+        event = detect(line, source, ts, kernel=trusted)
         if event is None:
+            if not trusted and quoted is not None and kernel_kind(line):
+                quoted(source, line)
             continue
         key = (source, str(event.kind))
         counts[key] = counts.get(key, 0) + 1
@@ -420,12 +471,19 @@ class LogTailer:
         journal: Iterable[str] = (),
         journal_cursor: str | None = None,
         journalctl: str = JOURNALCTL,
+        kernel_files: Iterable[str] = (),
     ) -> None:
         self._clock = clock
         self._read_bytes = read_bytes
-        self._files = [_FileTail(p) for p in dict.fromkeys(paths)]
+        kernel_named = list(dict.fromkeys(kernel_files))
+        self._files = [_FileTail(p, kernel=p in kernel_named) for p in dict.fromkeys([*paths, *kernel_named])]
         for tail in self._files:
             tail.open(from_end=not from_start)
+        # The journal's kernel transport and the units named here are written by the kernel and by system
+        # services (journald sets those fields itself): their lines may report kernel and driver faults.
+        self._journal_trusted = {f"journal:{s}" for s in journal}
+        self.quoted = 0  # lines of application logs that read as a kernel fault (reported as none)
+        self._quoted_log = LogLimiter(rate=1 / 60, burst=3)
         self._kernel = _open_kernel_log(kernel_paths, from_end=True) if kernel else None
         sources = list(journal)
         # Where the kernel log is only in the journal, reading /dev/kmsg as well would report each line twice.
@@ -469,7 +527,25 @@ class LogTailer:
             if self._journal.broken:
                 self._journal = None
         self._buffer.extend(entries)
-        return entries, _events(entries)
+        return entries, _events(entries, self.kernel_sources(), self._quoted)
+
+    def kernel_sources(self) -> set[str]:
+        """The sources whose lines may report kernel, driver and NVSwitch faults now: the kernel log, the
+        journal's kernel transport and named units, and kernel log files only root (or this agent) can write."""
+        trusted = {t.path for t in self._files if t.kernel and t.fd is not None and t.untrusted is None}
+        if isinstance(self._kernel, _FileTail):
+            if self._kernel.untrusted is None:
+                trusted.add(self._kernel.path)
+        elif self._kernel is not None:
+            trusted.add(self._kernel.path)
+        return trusted | self._journal_trusted
+
+    def _quoted(self, source: str, line: str) -> None:
+        self.quoted += 1
+        held = self._quoted_log.allow()
+        if held is not None:
+            logger.warning("{} has a line that reads as a kernel fault; an application log reports no kernel or "
+                           "driver fault (list the kernel's own log under kernel_logs): {}", source, line[:160])
 
     def _poll_file(self, tail: _FileTail) -> list[bytes]:
         if tail.fd is None:

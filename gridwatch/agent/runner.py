@@ -36,7 +36,8 @@ def build_agent(config: AgentConfig) -> Agent:
     from gridwatch.agent.stack import fingerprint
 
     gpus, notes = open_gpu_source(config.simulate_gpus, config.sim_seed)  # logs its notes once
-    tailer = LogTailer(config.log, kernel=config.kernel_log, journal=config.journal, journal_cursor=config.journal_cursor)
+    tailer = LogTailer(config.log, kernel=config.kernel_log, journal=config.journal, journal_cursor=config.journal_cursor,
+                       kernel_files=config.kernel_logs)
     metrics = None
     if config.metrics_listen:
         from gridwatch.agent.metrics import MetricsExporter

@@ -70,7 +70,7 @@ class TrainerLink:
 
     async def control(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         """Send one control; the reply is a dict with ``ok`` and ``message`` or ``error``."""
-        from gridwatch.wire.control import TrainerUnavailable, request
+        from gridwatch.wire.controlsock import TrainerUnavailable, request
 
         try:
             reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
@@ -84,7 +84,8 @@ class TrainerLink:
 
     async def collectives(self, viewer: bool, limit: int | None = None) -> tuple[CollectiveRecord | None, str]:
         """The trainer's collective record (a viewer gets the newest ``VIEWER_DUMP_ENTRIES`` at most), or why not."""
-        from gridwatch.wire.control import MAX_DUMP_ENTRIES, TrainerUnavailable, read_collectives
+        from gridwatch.wire.control import MAX_DUMP_ENTRIES
+        from gridwatch.wire.controlsock import TrainerUnavailable, read_collectives
 
         cap = VIEWER_DUMP_ENTRIES if viewer else MAX_DUMP_ENTRIES
         want = min(max(1, limit), cap) if limit is not None else cap
@@ -94,7 +95,7 @@ class TrainerLink:
             return None, str(exc)
 
     async def _poll_forever(self) -> None:
-        from gridwatch.wire.control import read_status
+        from gridwatch.wire.controlsock import read_status
 
         while True:
             try:

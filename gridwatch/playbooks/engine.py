@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 # A restart planned this soon after another, which already left the node out,
 # would only restart the job a second time for the same event.
 RESTART_COALESCE = 60.0
+# A removal that failed is planned again when its node reports, this many times at most (then an operator).
+MAX_REPLANS = 3
 # A report that blames another node (``target: detail:...``) counts once this
 # many distinct nodes made it: every rank of a job reports its straggler, and
 # one agent alone must not get a healthy node isolated.
@@ -85,7 +87,9 @@ class NodeState:
     job: str = ""
     stack_hash: str = ""
     reported_isolated: bool = False
-    removed: bool = False  # a plan of ours took it out of the job
+    removed: bool = False  # a removing step of ours succeeded: it is out of the job
+    removing: int = 0  # removing steps planned whose outcome is not in yet (kept off job-wide steps meanwhile)
+    replan: str = ""  # the incident whose removal failed: planned again when the node next reports
     seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
     lost: bool = False
     trainer_step: int | None = None
@@ -98,6 +102,11 @@ class NodeState:
     @property
     def out(self) -> bool:
         return self.reported_isolated or self.removed
+
+    @property
+    def live_key(self) -> tuple[bool, bool, bool, str]:
+        """What decides whether job-wide steps go to it: its cached lists change only when this does."""
+        return self.lost, self.out, self.removing > 0, self.job
 
 
 @dataclass
@@ -150,6 +159,13 @@ class Engine:
         self.nodes: dict[str, NodeState] = {}
         self._names: dict[str, str] = {}  # endpoint -> node name
         self._open: dict[tuple[str, str], Incident] = {}  # (playbook, scope key) -> open incident
+        # Indexes over _open, kept by _add_open/_drop_open, so no frame or plan walks every open incident:
+        self._open_keys: dict[str, tuple[str, str]] = {}  # incident id -> its key in _open
+        self._on_node: dict[str, set[str]] = {}  # node -> ids of open incidents acting on it
+        self._live: dict[str, list[str]] = {}  # job -> live_nodes(job), dropped when a node's live_key changes
+        self._sizes: dict[str, int] | None = None  # job -> its nodes (node add or job change drops it)
+        self._planned: dict[str, int] = {}  # incident id -> steps planned for it so far (a re-plan goes on from there)
+        self._replans: dict[str, int] = {}  # incident id -> times a failed removal was planned again
         self._pending: dict[str, float] = {}  # incident id -> when to plan it
         self._by_id: dict[str, Incident] = {}
         self._closed: deque[Incident] = deque(maxlen=_HISTORY)
@@ -171,6 +187,7 @@ class Engine:
         self._verdicts: dict[str, tuple[float, CollectiveVerdict]] = {}  # job -> (when, newest verdict with a culprit)
         # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
         self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
+        self._heartbeat_cache: tuple[tuple[Playbook, ...], list[tuple[Playbook, ConditionTrigger]]] | None = None
 
     # ----------------------------------------------------------------- input
 
@@ -186,10 +203,22 @@ class Engine:
             node.boot_id = _ID_SAFE.sub("", str(frame.boot_id))[:8]
             self.history.saw_gpus(node.name, frame.gpus)
         self._frame_ident = node.last_ident = self._identity(node, frame, now)
+        before = node.live_key
         try:
-            return self._observe(node, frame, now)
+            plans = self._observe(node, frame, now)
+            if node.replan:
+                plans += self._replan(node, now)
+            return plans
         finally:
             self._frame_ident = ""
+            self._touched(node, before)
+
+    def _touched(self, node: NodeState, before: tuple[bool, bool, bool, str]) -> None:
+        """``node``'s live_key was ``before``: the cached live lists (and job sizes) follow a change."""
+        if node.live_key != before:
+            self._live.clear()
+            if node.job != before[3]:
+                self._sizes = None
 
     @staticmethod
     def _identity(node: NodeState, frame: Frame, now: float) -> str:
@@ -269,10 +298,11 @@ class Engine:
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
         for node in self.nodes.values():
-            node.lost = now - max(node.last_seen, self._awake_since) > STALE_AFTER_INTERVALS * node.interval
-        # The heartbeat playbooks picked once a tick, not once per node: a tick walks 12,500 nodes.
-        heartbeats = [(pb, pb.trigger) for pb in self.playbooks
-                      if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
+            lost = now - max(node.last_seen, self._awake_since) > STALE_AFTER_INTERVALS * node.interval
+            if lost != node.lost:
+                node.lost = lost
+                self._live.clear()
+        heartbeats = self._heartbeat_books()
         for node in list(self.nodes.values()) if heartbeats else ():
             silent = now - max(node.last_seen, self._awake_since)
             for pb, trig in heartbeats:
@@ -296,7 +326,7 @@ class Engine:
             window = owner.dedup_window if owner else 600.0
             ongoing = (incident.kind == "heartbeat_lost" and incident.recovered_at is None)
             if incident.state != "pending" and not ongoing and now - incident.last_seen_at > window:
-                self._close(key, incident, now, "closed: quiet for the dedup window")
+                self._close(incident, now, "closed: quiet for the dedup window")
         return plans
 
     def seed_from(self, store: IncidentStore, now: float | None = None) -> SeedSummary:
@@ -306,8 +336,13 @@ class Engine:
         return seed_engine(self, store, self.clock.now() if now is None else now)
 
     def adopt(self, incident: Incident, key: str, removed: list[str],
-              restart: tuple[float, list[str]] | None, reopen: bool) -> None:
-        """Take back an incident planned before a restart: its removed nodes stay out, it may absorb symptoms again."""
+              restart: tuple[float, list[str]] | None, reopen: bool, planned: int = 0) -> None:
+        """Take back an incident planned before a restart: its removed nodes stay out, it may absorb symptoms again.
+
+        ``planned`` is how many steps its plans recorded: a plan made for it again goes on from there."""
+        self._planned[incident.id] = max(self._planned.get(incident.id, 0), planned)
+        self._sizes = None
+        self._live.clear()
         for name in removed:
             node = self.nodes.get(name)
             if node is None:
@@ -322,7 +357,7 @@ class Engine:
         self._by_id[incident.id] = incident
         if reopen:
             incident.state = "open"
-            self._open[(incident.playbook, key)] = incident
+            self._add_open((incident.playbook, key), incident)
         else:
             self._closed.append(incident)
 
@@ -393,22 +428,38 @@ class Engine:
         incident.blame_why = verdict.summary
         incident.notes.append(f"{now:.3f} collective records: {verdict.summary}")
         if pb.blame and act_on:
-            incident.node = incident.blamed[0]
+            self._act_on(incident, incident.blamed[0])
             incident.summary = verdict.summary
 
     def resolve(self, incident_id: str) -> bool:
         """The operator resolved it: the next symptom opens a new incident."""
-        for key, incident in list(self._open.items()):
-            if incident.id == incident_id:
-                self._pending.pop(incident_id, None)
-                self._close(key, incident, self.clock.now(), "resolved by an operator")
-                return True
-        return False
+        incident = self._by_id.get(incident_id)
+        if incident is None or incident_id not in self._open_keys:
+            return False
+        self._pending.pop(incident_id, None)
+        self._close(incident, self.clock.now(), "resolved by an operator")
+        return True
 
     def live_nodes(self, job: str = "") -> list[str]:
-        """Nodes that job-wide steps go to: heard from recently and not taken out."""
-        return sorted(n.name for n in self.nodes.values()
-                      if not n.lost and not n.out and (not job or not n.job or n.job == job))
+        """Nodes that job-wide steps go to: heard from recently, not taken out nor being taken out."""
+        return list(self._live_nodes(job))
+
+    def _live_nodes(self, job: str) -> list[str]:
+        cached = self._live.get(job)
+        if cached is None:
+            cached = self._live[job] = sorted(
+                n.name for n in self.nodes.values()
+                if not n.lost and not n.out and not n.removing and (not job or not n.job or n.job == job))
+        return cached
+
+    def _job_size(self, job: str) -> int:
+        """How many nodes a plan for ``job`` counts against the blast radius (those of no known job too)."""
+        if self._sizes is None:
+            sizes: dict[str, int] = {}
+            for n in self.nodes.values():
+                sizes[n.job] = sizes.get(n.job, 0) + 1
+            self._sizes = sizes
+        return (self._sizes.get(job, 0) + self._sizes.get("", 0)) if job else len(self.nodes)
 
     # --------------------------------------------------------------- matching
 
@@ -418,15 +469,61 @@ class Engine:
         node = self.nodes.get(name)
         if node is None:
             node = self.nodes[name] = NodeState(name=name, endpoint=source)
+            self._sizes = None
+            self._live.clear()
         node.last_seen = now
         if node.lost:
             node.lost = False
-        for incident in self._open.values():
-            if incident.kind == "heartbeat_lost" and incident.node == name and incident.recovered_at is None:
+            self._live.clear()
+        for incident in self._open_on(name):
+            if incident.kind == "heartbeat_lost" and incident.recovered_at is None:
                 incident.recovered_at = now
                 incident.notes.append(f"{now:.3f} recovered: {name} is sending frames again")
-        self._latched = {l for l in self._latched if not (l[1] == name and l[2] == "heartbeat")}
+        for pb, _ in self._heartbeat_books():
+            self._latched.discard((pb.name, name, "heartbeat"))
         return node
+
+    def _heartbeat_books(self) -> list[tuple[Playbook, ConditionTrigger]]:
+        """The heartbeat playbooks, picked once per set of playbooks (a tick and every frame ask)."""
+        cached = self._heartbeat_cache
+        if cached is None or cached[0] is not self.playbooks:
+            books = [(pb, pb.trigger) for pb in self.playbooks
+                     if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
+            cached = self._heartbeat_cache = (self.playbooks, books)
+        return cached[1]
+
+    def _open_on(self, name: str) -> list[Incident]:
+        """The open incidents acting on node ``name``, from the index (never a walk of every open incident)."""
+        found = []
+        for incident_id in self._on_node.get(name, ()):
+            incident = self._by_id.get(incident_id)
+            if incident is not None and incident.node == name and incident_id in self._open_keys:
+                found.append(incident)
+        return found
+
+    def _add_open(self, key: tuple[str, str], incident: Incident) -> None:
+        self._open[key] = incident
+        self._open_keys[incident.id] = key
+        self._on_node.setdefault(incident.node, set()).add(incident.id)
+
+    def _drop_open(self, incident: Incident) -> tuple[str, str] | None:
+        key = self._open_keys.pop(incident.id, None)
+        if key is not None:
+            self._open.pop(key, None)
+        for name in {incident.node, *incident.blamed}:
+            ids = self._on_node.get(name)
+            if ids is not None:
+                ids.discard(incident.id)
+                if not ids:
+                    del self._on_node[name]
+        return key
+
+    def _act_on(self, incident: Incident, name: str) -> None:
+        """The incident acts on ``name`` from now on (blame or a cause found): the node index follows."""
+        self._on_node.get(incident.node, set()).discard(incident.id)
+        incident.node = name
+        if incident.id in self._open_keys:
+            self._on_node.setdefault(name, set()).add(incident.id)
 
     def _match_event(self, node: NodeState, event: Event, now: float) -> list[Plan]:
         plans: list[Plan] = []
@@ -632,7 +729,7 @@ class Engine:
 
     def _new_id(self, base: str) -> str:
         """``base``, or ``base-2``, ``base-3``... when an incident opened from the same frame holds it."""
-        taken = set(self._by_id) | {inc.id for inc in self._closed}
+        taken = self._by_id  # every incident this engine made or took back, open or closed
         if base not in taken:
             return base
         n = 2
@@ -649,12 +746,10 @@ class Engine:
         return symptom.node
 
     def _cause_for(self, node: str) -> Incident | None:
-        """An open node-fault incident acting on ``node`` (any playbook)."""
-        for incident in self._open.values():
-            pb = self._playbook(incident.playbook)
-            if pb and pb.removes_nodes and incident.node == node and incident.state in ("open", "pending"):
-                return incident
-        return None
+        """The oldest open node-fault incident acting on ``node`` (any playbook)."""
+        causes = [i for i in self._open_on(node) if i.state in ("open", "pending")
+                  and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
+        return min(causes, key=lambda i: i.opened_at) if causes else None
 
     def _merge(self, incident: Incident, symptom: _Symptom, now: float, why: str) -> None:
         incident.symptoms += 1
@@ -681,7 +776,10 @@ class Engine:
                     self._merge(cause, symptom, now, "")
                 return []
             if cause is not None and cause.playbook != pb.name:
-                if severity_rank(cause.severity) >= severity_rank(pb.severity):
+                if cause.kind == "heartbeat_lost" and pb.kind != "heartbeat_lost":
+                    # Silence is no evidence of this fault: it gets its own capture and removal.
+                    superseded = cause
+                elif severity_rank(cause.severity) >= severity_rank(pb.severity):
                     self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
                     return []
                 # A worse fault on the node: its own plan must run, and the
@@ -710,7 +808,7 @@ class Engine:
         if symptom.details.get("step", "").isdigit():
             incident.symptom_step = int(symptom.details["step"])
             incident.notes.append(f"{now:.3f} first symptom at training step {incident.symptom_step}")
-        self._open[(pb.name, key)] = incident
+        self._add_open((pb.name, key), incident)
         self._by_id[incident.id] = incident
         if symptom.code is not None:
             self._codes[incident.id] = symptom.code
@@ -734,8 +832,7 @@ class Engine:
         new.notes.append(f"{now:.3f} took over {old.id} ({old.severity} {old.playbook}): a more severe fault")
         old.merged_into = new.id
         old.state = "merged"
-        key = next(k for k, v in self._open.items() if v is old)
-        self._close(key, old, now, f"superseded by {new.id} ({new.severity} {new.playbook}); its plan stops here")
+        self._close(old, now, f"superseded by {new.id} ({new.severity} {new.playbook}); its plan stops here")
 
     def _newest_node_fault(self, now: float, lookback: float, at_least: str) -> Incident | None:
         """The newest node fault that can explain a job-wide symptom of severity ``at_least``.
@@ -749,8 +846,8 @@ class Engine:
                   and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
         return max(faults, key=lambda i: i.opened_at) if faults else None
 
-    def _close(self, key: tuple[str, str], incident: Incident, now: float, why: str) -> None:
-        self._open.pop(key, None)
+    def _close(self, incident: Incident, now: float, why: str) -> None:
+        self._drop_open(incident)
         if incident.state != "merged":
             incident.state = "closed"
         incident.closed_at = now
@@ -775,8 +872,7 @@ class Engine:
                 cause.notes.append(f"{now:.3f} {incident.symptoms} {pb.name} symptoms attributed to this fault")
                 incident.state, incident.merged_into = "merged", cause.id
                 incident.notes.append(f"{now:.3f} merged into {cause.id}: caused by {cause.node}")
-                open_key = next(k for k, v in self._open.items() if v is incident)
-                self._close(open_key, incident, now, f"merged into {cause.id}")
+                self._close(incident, now, f"merged into {cause.id}")
                 return None
             job_nodes = [n for n in self.nodes.values()
                          if not n.out and (not incident.job or not n.job or n.job == incident.job)]
@@ -785,7 +881,7 @@ class Engine:
                 # The records say who never entered the collective: that wins over who stayed silent.
                 incident.notes.append(f"{now:.3f} cause: {incident.node}, named by the collective records")
             elif len(silent) == 1 and len(incident.reporters) >= 2:
-                incident.node = silent[0]
+                self._act_on(incident, silent[0])
                 incident.summary = (f"{pb.kind} reported by {len(incident.reporters)} nodes; cause: {silent[0]}, "
                                     f"the one node that did not report it")
                 incident.notes.append(f"{now:.3f} cause: {silent[0]}, the one node of {len(job_nodes)} "
@@ -794,7 +890,8 @@ class Engine:
                 escalate_all = (f"cannot tell which node caused it: {len(incident.reporters)} nodes reported it, "
                                 f"{len(silent)} did not")
                 incident.notes.append(f"{now:.3f} {escalate_all}")
-        key = next((k[1] for k, v in self._open.items() if v is incident), incident.node)
+        open_key = self._open_keys.get(incident.id)
+        key = open_key[1] if open_key is not None else incident.node
         spec = pb.blame_plan if by_records and pb.blame_plan else pb.plan
         fixes: deque[float] | None = None
         g = pb.guards
@@ -814,8 +911,7 @@ class Engine:
             for step in steps:
                 if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
                     step.decision, step.reason = "escalate", escalate_all
-        job_size = len([n for n in self.nodes.values()
-                        if not incident.job or not n.job or n.job == incident.job]) or 1
+        job_size = self._job_size(incident.job) or 1
         apply_guards(pb, key, steps, self.ledger, job_size, now)
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)
@@ -825,8 +921,67 @@ class Engine:
             if step.decision == "act" and step.step in REMOVING_STEPS:
                 for name in step.nodes:
                     if name in self.nodes:
-                        self.nodes[name].removed = True
+                        # Out of job-wide steps from now on; out of the job once the step says it is done.
+                        node = self.nodes[name]
+                        before = node.live_key
+                        node.removing += 1
+                        self._touched(node, before)
         return Plan(incident=incident, steps=steps)
+
+    def step_finished(self, step: PlannedStep, state: str, outcome: str = "") -> None:
+        """A planned step's outcome (the executor tells each): a node is out of the job only once its
+        removal is done. A removal that failed puts the node back in, and its incident is planned again
+        when the node next reports (a link that was down is up then)."""
+        if step.step not in REMOVING_STEPS or state in ("running", "pending", "planned", "awaiting_confirmation"):
+            return
+        for name in step.nodes:
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            before = node.live_key
+            node.removing = max(0, node.removing - 1)
+            if state == "done":
+                node.removed = True
+                node.replan = ""
+            elif state == "failed":
+                incident = self._by_id.get(step.incident)
+                # A heartbeat incident's node that reports again is back: nothing to plan again.
+                if incident is not None and incident.kind != "heartbeat_lost" and incident.id in self._open_keys:
+                    node.replan = incident.id
+                    incident.notes.append(f"{self.clock.now():.3f} {step.step} on {name} failed ({outcome}); "
+                                          f"planned again when {name} reports")
+            # skipped, interrupted, escalated: not known to be out; the agent's reports say if it is
+            self._touched(node, before)
+
+    def no_longer_holds(self, incident_id: str) -> str | None:
+        """Why ``incident_id``'s condition is gone, checked before each of its steps runs (a standby
+        taking the lead re-checks this way too): a lost heartbeat whose node has sent frames since."""
+        incident = self._by_id.get(incident_id)
+        if incident is None or incident.kind != "heartbeat_lost" or incident.recovered_at is None:
+            return None
+        return (f"{incident.node} is sending frames again (since "
+                f"{format_duration(max(0.0, incident.recovered_at - incident.opened_at))} after the incident opened)")
+
+    def suppose_done(self, plans: Iterable[Plan]) -> None:
+        """Replay and dry-run have no executor: each removal the plans let act is taken as done."""
+        for plan in plans:
+            for step in plan.steps:
+                if step.decision == "act" and step.step in REMOVING_STEPS:
+                    self.step_finished(step, "done")
+
+    def _replan(self, node: NodeState, now: float) -> list[Plan]:
+        """``node`` reports again after its removal failed: its incident's plan is made anew."""
+        incident = self._by_id.get(node.replan)
+        node.replan = ""
+        if incident is None or incident.id not in self._open_keys or node.out:
+            return []
+        tries = self._replans[incident.id] = self._replans.get(incident.id, 0) + 1
+        if tries > MAX_REPLANS:
+            incident.notes.append(f"{now:.3f} removal failed {tries - 1} times; left to an operator")
+            return []
+        incident.notes.append(f"{now:.3f} {node.name} reports again: planned again (try {tries + 1})")
+        plan = self._plan(incident, now)
+        return [plan] if plan is not None else []
 
     def _coalesce_restarts(self, incident: Incident, steps: list[PlannedStep], now: float) -> None:
         """Nodes lost together make one restart of the job, not one per node."""
@@ -854,13 +1009,15 @@ class Engine:
                plan: tuple[Step, ...] | None = None) -> list[PlannedStep]:
         plan = pb.plan if plan is None else plan
         removing = {incident.node} if any(s.action in REMOVING_STEPS for s in plan) else set()
-        live = [n for n in self.live_nodes(incident.job) if n not in removing]
+        live = [n for n in self._live_nodes(incident.job) if n not in removing]
         cause = self.nodes.get(incident.node)
         before_step = incident.symptom_step
         if before_step is None and cause is not None:
             before_step = cause.trainer_step
         steps = []
-        for index, spec in enumerate(plan):
+        first = self._planned.get(incident.id, 0)  # a re-plan's steps follow the earlier ones (ids stay unique)
+        self._planned[incident.id] = first + len(plan)
+        for index, spec in enumerate(plan, start=first):
             job_wide = spec.action in JOB_STEPS
             step = PlannedStep(
                 id=f"{incident.id}/{index}", incident=incident.id, playbook=pb.name, index=index,

@@ -183,6 +183,9 @@ class Executor:
         self._retrying: dict[str, tuple[str, asyncio.Task[None]]] = {}  # step id -> (node, its retry)
         # Asked before each step starts: None, or why this console may not start one now (another leads).
         self.gate: Callable[[], str | None] = lambda: None
+        # Asked before each step starts: None, or why the incident's condition no longer holds (a lost
+        # heartbeat's node that sends frames again): the rest of its plan is skipped, saying so.
+        self.recheck: Callable[[str], str | None] = lambda incident_id: None
         # Told of each step as it starts and ends (step, state, outcome): the leader publishes it.
         self.on_step: list[Callable[[PlannedStep, str, str], None]] = []
 
@@ -337,6 +340,14 @@ class Executor:
                 self.store.set_step(step.id, "skipped", NO_SCHEDULER)
                 self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
                                  outcome=f"skipped: {NO_SCHEDULER}")
+                continue
+            gone = self.recheck(incident_id)
+            if gone is not None:
+                stop_reason = f"no longer holds: {gone}"
+                self.store.set_step(step.id, "skipped", stop_reason)
+                self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
+                                 outcome=f"skipped: {stop_reason}")
+                logger.bind(node=step.target).info("{} skipped: {}", step.id, stop_reason)
                 continue
             held = self.gate()
             if held is not None:

@@ -72,6 +72,9 @@ def seed_engine(engine: Engine, store: IncidentStore, now: float) -> SeedSummary
         steps = store.steps(incident.id)
         acting = [s for s in steps if s.decision == "act"]
         removed = list(dict.fromkeys(n for s in acting if s.step in REMOVING_STEPS for n in s.planned.nodes))
+        # Out of the job: a removal that was done, or whose outcome is unknown (the agent's next report says).
+        out = list(dict.fromkeys(n for s in acting if s.step in REMOVING_STEPS and s.state in _MAYBE_OUT
+                                 for n in s.planned.nodes))
         if acting:
             at = min(s.planned.at for s in acting)
             engine.ledger.record(pb.name, key, any(s.step in ACTING_STEPS for s in acting), removed, at)
@@ -83,14 +86,18 @@ def seed_engine(engine: Engine, store: IncidentStore, now: float) -> SeedSummary
             summary.repeats += 1
         open_again = (record.state != "resolved" and incident.state in ("open", "pending")
                       and now - max(incident.last_seen_at, incident.opened_at) <= pb.dedup_window)
-        engine.adopt(incident, key, removed, _restart(acting), open_again)
+        engine.adopt(incident, key, out, _restart(acting), open_again, planned=len(steps))
         if open_again:
             summary.reopened.append(incident.id)
-        summary.removed += [n for n in removed if n not in summary.removed]
+        summary.removed += [n for n in out if n not in summary.removed]
     logger.info("engine seeded from {}: {} incidents open again, {} plans in the guards' memory ({} repeated fixes), "
                 "{} history rows, nodes out: {}", store.path, len(summary.reopened), len(summary.acted),
                 summary.repeats, summary.history, ", ".join(summary.removed) or "none")
     return summary
+
+
+# The states of a removing step after which its node may be out of the job.
+_MAYBE_OUT = frozenset({"done", "running", "interrupted", "pending"})
 
 
 def _restart(acting: list[StepRecord]) -> tuple[float, list[str]] | None:

@@ -10,18 +10,14 @@ and the writes land, in order, once the disk takes them again; a row that does
 not decode is skipped and reported by file and row; a database of another
 program or of a newer gridwatch is refused in one sentence (``StoreError``).
 
-Each node's and GPU's history (gridwatch.playbooks.history) is kept in the table
-``history``: every incident, every step that changed something with its
-outcome, every return to service and every history rule's verdict, queried by
-node and by GPU (by UUID where the agent named it, so a GPU moved to another
-node keeps its history).
+Each node's and GPU's history is kept in the same file, in the table
+``history`` (read and written by gridwatch.playbooks.store_history); the file
+itself, its schema and its upgrades are gridwatch.playbooks.store_db's.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -30,18 +26,21 @@ import msgspec
 from loguru import logger
 
 from gridwatch.playbooks.clock import Clock, SystemClock
-from gridwatch.playbooks.history import (
-    LEMON_WINDOW,
-    RETURN_WHAT,
-    HistoryEntry,
-    HistoryKind,
-    TrackRecord,
-    lemon_raw,
-    return_refusal,
-    summarize,
-)
+from gridwatch.playbooks.history import RETURN_WHAT, HistoryEntry, HistoryKind
+from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
 from gridwatch.playbooks.model import ACTING_STEPS
 from gridwatch.playbooks.plans import Incident, Plan, PlannedStep
+from gridwatch.playbooks.store_db import (
+    INCIDENT_COLS,
+    STEP_COLS,
+    Op,
+    apply,
+    create_private,
+    file_refusal,
+    open_schema,
+    tighten,
+)
+from gridwatch.playbooks.store_history import REMEDIATION_FROM_STEP, HistoryTable, history_op
 
 INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolved")
 # Step states: planned -> running -> done | failed; or skipped, escalated,
@@ -49,61 +48,8 @@ INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolve
 # console stopped while it ran: not repeated, since we cannot know if it acted),
 # pending (a drain waiting for an unreachable controller: retried, not finished).
 STEP_DONE_STATES: frozenset[str] = frozenset({"done", "failed", "skipped", "escalated", "declined", "interrupted"})
-
-# PRAGMA user_version of a database this code made; a newer one is refused, 0 is a file from before versions.
-# 1 -> 2: incidents keep when their fault happened (fault_at) and the training step then (fault_step), so
-# the time to detect and to recover of each is in the file (view incident_times).
-# 2 -> 3: the history table (per node and per GPU), filled on upgrade from the incidents, steps and audit kept.
-SCHEMA_VERSION = 3
-_TABLES = frozenset({"incidents", "steps", "audit"})
 # SQLite result codes meaning "the disk will not take it now", kept for a retry (sqlite3.h).
 _RETRYABLE = frozenset({5, 6, 8, 10, 13, 14})  # BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN
-
-Op = tuple[str, tuple[Any, ...]]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    id TEXT PRIMARY KEY, playbook TEXT NOT NULL, node TEXT NOT NULL, gpu INTEGER,
-    kind TEXT NOT NULL, severity TEXT NOT NULL, scope TEXT NOT NULL, summary TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'open', silenced_until REAL, symptoms INTEGER NOT NULL DEFAULT 1,
-    detected_at REAL NOT NULL, acted_at REAL, recovered_at REAL, resolved_at REAL,
-    acknowledged_by TEXT, incident_json BLOB NOT NULL, fault_at REAL, fault_step INTEGER
-);
-CREATE TABLE IF NOT EXISTS steps (
-    id TEXT PRIMARY KEY, incident TEXT NOT NULL REFERENCES incidents(id), idx INTEGER NOT NULL,
-    step TEXT NOT NULL, target TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL,
-    state TEXT NOT NULL, started_at REAL, finished_at REAL, outcome TEXT NOT NULL DEFAULT '',
-    planned_json BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS steps_by_incident ON steps(incident, idx);
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, who TEXT NOT NULL, what TEXT NOT NULL,
-    why TEXT NOT NULL, incident TEXT, step TEXT, phase TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS audit_by_incident ON audit(incident, id);
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL, node TEXT NOT NULL, gpu INTEGER,
-    gpu_uuid TEXT NOT NULL DEFAULT '', gpu_serial TEXT NOT NULL DEFAULT '', incident TEXT,
-    playbook TEXT NOT NULL DEFAULT '', what TEXT NOT NULL DEFAULT '', code INTEGER,
-    severity TEXT NOT NULL DEFAULT '', outcome TEXT NOT NULL DEFAULT '', verdict TEXT NOT NULL DEFAULT '',
-    shadow INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '', who TEXT NOT NULL DEFAULT '',
-    step TEXT NOT NULL DEFAULT '', ref TEXT UNIQUE
-);
-CREATE INDEX IF NOT EXISTS history_by_node ON history(node, at);
-CREATE INDEX IF NOT EXISTS history_by_gpu ON history(gpu_uuid, at);
-CREATE VIEW IF NOT EXISTS incident_times AS
-    SELECT id, node, playbook, fault_at, detected_at, recovered_at,
-           detected_at - fault_at AS detect_s, recovered_at - fault_at AS recover_s
-    FROM incidents;
-"""
-# Columns schema 2 added to incidents, with their types (a version 1 file gets them on open).
-_V2_COLUMNS: tuple[tuple[str, str], ...] = (("fault_at", "REAL"), ("fault_step", "INTEGER"))
-# What each incident cost, added to any file on open (no version bump: a reader of schema 2 ignores them).
-_COST_COLUMNS: tuple[tuple[str, str], ...] = (("steps_lost", "INTEGER"), ("gpu_hours_lost", "REAL"))
-# Who the collective records blame (a JSON list of nodes) and why, added the same way: an older
-# reader ignores them, and a row written by one keeps them empty.
-_BLAME_COLUMNS: tuple[tuple[str, str], ...] = (("blamed", "TEXT NOT NULL DEFAULT '[]'"),
-                                               ("blame_why", "TEXT NOT NULL DEFAULT ''"))
 
 
 class StoreError(ValueError):
@@ -115,18 +61,6 @@ class UnknownIncident(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown incident"
-
-
-def time_to_detect(fault_at: float | None, detected_at: float) -> float | None:
-    """TTD: from the fault to the incident; None while the fault's time is unknown."""
-    return None if fault_at is None else max(detected_at - fault_at, 0.0)
-
-
-def time_to_recover(fault_at: float | None, recovered_at: float | None) -> float | None:
-    """TTR: from the fault to the job training past the step it was at; None until both are known."""
-    if fault_at is None or recovered_at is None:
-        return None
-    return max(recovered_at - fault_at, 0.0)
 
 
 class IncidentRecord(msgspec.Struct, kw_only=True):
@@ -195,16 +129,7 @@ class AuditEntry(msgspec.Struct, kw_only=True):
     outcome: str
 
 
-# The columns a version 1 file must have (what an older file is checked against) ...
-_V1_INCIDENT_COLS = ("id, playbook, node, gpu, kind, severity, scope, summary, state, silenced_until, symptoms, "
-                     "detected_at, acted_at, recovered_at, resolved_at, acknowledged_by")
-# ... and the ones read.
-_INCIDENT_COLS = _V1_INCIDENT_COLS + ", " + ", ".join(name for name, _ in (*_V2_COLUMNS, *_COST_COLUMNS,
-                                                                          *_BLAME_COLUMNS))
-_STEP_COLS = "id, incident, idx, step, target, decision, reason, state, started_at, finished_at, outcome, planned_json"
-
-
-class IncidentStore:
+class IncidentStore(HistoryTable):
     """One SQLite file; every write is committed at once so a crash loses nothing recorded.
 
     ``on_trouble`` is called with a sentence when writes start being held in
@@ -221,89 +146,22 @@ class IncidentStore:
         self._pending: list[list[Op]] = []  # writes the disk refused, oldest first
         self._mem: sqlite3.Connection | None = None  # the file's content plus the pending writes
         if self.path != ":memory:":
-            _create_private(self.path)
-            why = _refusal(self.path)
+            create_private(self.path)
+            why = file_refusal(self.path)
             if why:
                 raise StoreError(f"refusing the incident database: {why}, and its unfinished plans would be "
                                  "resumed as this console's own; give another --db")
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None)
-            self._open()
+            why = open_schema(self._db, self.path, self.report_bad_row)
+            if why:
+                raise StoreError(why)
             if self.path != ":memory:":
-                _tighten(self.path)
+                tighten(self.path)
         except sqlite3.OperationalError as exc:
             raise StoreError(f"cannot open the incident database {self.path}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path} is not an incident database: {exc}") from None
-
-    def _open(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} was written by a newer gridwatch (schema {version}, this one reads "
-                             f"{SCHEMA_VERSION}); use that version or another --db")
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")} - {"sqlite_sequence"}
-        if version == 0 and tables and not _TABLES <= tables:
-            raise StoreError(f"{self.path} is not an incident database (it holds tables "
-                             f"{', '.join(sorted(tables))}); give another --db")
-        if version == 0 and tables:
-            missing = self._missing_columns()
-            if missing:
-                raise StoreError(f"{self.path} is not an incident database of this shape "
-                                 f"(missing {', '.join(missing)}); give another --db")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        if tables and version < 2:
-            self._migrate_to_2()
-        self._db.executescript(_SCHEMA)
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
-        for name, kind in (*_COST_COLUMNS, *_BLAME_COLUMNS):
-            if name not in have:
-                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {kind}")
-        if tables and version < 3:
-            self._migrate_to_3()
-        if version != SCHEMA_VERSION:
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
-    def _migrate_to_2(self) -> None:
-        """Version 1 -> 2: the fault's time and step on each incident; older rows keep them empty."""
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
-        self._db.execute("BEGIN")
-        for name, kind in _V2_COLUMNS:
-            if name not in have:
-                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {kind}")
-        self._db.execute("PRAGMA user_version=2")
-        self._db.execute("COMMIT")
-        logger.info("{}: incident database upgraded to schema 2", self.path)
-
-    def _migrate_to_3(self) -> None:
-        """Version 2 -> 3: the history, filled from the incidents, acting steps and returns to service kept.
-
-        A row whose time or node is not what it should be is left out of the
-        history and named (``bad_rows``); the rest carries over. Run again on
-        an open that failed half-way, it adds nothing twice (each row has a ref).
-        """
-        self._db.execute("BEGIN")
-        try:
-            for sql, params in _BACKFILL:
-                self._db.execute(sql, params)
-            self._db.execute("PRAGMA user_version=3")
-        except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        for (rowid,) in self._db.execute(f"SELECT rowid FROM incidents WHERE NOT ({_SANE_INCIDENT})").fetchall():
-            self.report_bad_row("incidents", rowid, "left out of the history: its node or detection time is unreadable")
-        logger.info("{}: incident database upgraded to schema 3 (history per node and GPU)", self.path)
-
-    def _missing_columns(self) -> list[str]:
-        wanted = {"incidents": [c.strip() for c in _V1_INCIDENT_COLS.split(",")] + ["incident_json"],
-                  "steps": [c.strip() for c in _STEP_COLS.split(",")]}
-        missing = []
-        for table, cols in wanted.items():
-            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            missing += [f"{table}.{c}" for c in cols if c not in have]
-        return missing
 
     def close(self) -> None:
         if self._pending:
@@ -328,14 +186,14 @@ class IncidentStore:
             self.retry()
         if not self._pending:
             try:
-                return _apply(self._db, ops)
+                return apply(self._db, ops)
             except sqlite3.OperationalError as exc:
                 if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _RETRYABLE:
                     raise
                 self._hold(exc)
         assert self._mem is not None
         self._pending.append(ops)
-        return _apply(self._mem, ops)
+        return apply(self._mem, ops)
 
     def _hold(self, exc: sqlite3.Error) -> None:
         """The disk refused a write: from now on reads and writes go to a copy in memory."""
@@ -352,7 +210,7 @@ class IncidentStore:
         """Try the held writes again, in order; True when nothing is held any more."""
         while self._pending:
             try:
-                _apply(self._db, self._pending[0])
+                apply(self._db, self._pending[0])
             except sqlite3.OperationalError as exc:
                 if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _RETRYABLE:
                     raise
@@ -388,10 +246,10 @@ class IncidentStore:
                 (step.id, step.incident, step.index, step.step, step.target, step.decision, step.reason,
                  msgspec.json.encode(step)),
             ))
-        ops.append(_history_op(HistoryEntry(kind=HistoryKind.INCIDENT, at=incident.opened_at, node=incident.node,
+        ops.append(history_op(HistoryEntry(kind=HistoryKind.INCIDENT, at=incident.opened_at, node=incident.node,
                                             gpu=incident.gpu, incident=incident.id, playbook=incident.playbook,
                                             what=incident.kind, severity=incident.severity)))
-        ops += [_history_op(HistoryEntry(kind=HistoryKind.REMEDIATION, at=step.at, node=incident.node, gpu=incident.gpu,
+        ops += [history_op(HistoryEntry(kind=HistoryKind.REMEDIATION, at=step.at, node=incident.node, gpu=incident.gpu,
                                          incident=incident.id, playbook=incident.playbook, what=step.step,
                                          outcome="planned", step=step.id))
                 for step in plan.steps if step.decision == "act" and step.step in ACTING_STEPS]
@@ -417,7 +275,7 @@ class IncidentStore:
         )
 
     def incident(self, incident_id: str) -> IncidentRecord | None:
-        row = self._read.execute(f"SELECT rowid, {_INCIDENT_COLS} FROM incidents WHERE id = ?",
+        row = self._read.execute(f"SELECT rowid, {INCIDENT_COLS} FROM incidents WHERE id = ?",
                                  (incident_id,)).fetchone()
         return self._incident_row(row) if row else None
 
@@ -435,7 +293,7 @@ class IncidentStore:
     def incidents(self, states: Iterable[str] | None = None, limit: int = 500) -> list[IncidentRecord]:
         """Newest first; ``states`` filters on the effective state (an expired silence is open)."""
         rows = self._read.execute(
-            f"SELECT rowid, {_INCIDENT_COLS} FROM incidents ORDER BY detected_at DESC, id LIMIT ?", (limit,)
+            f"SELECT rowid, {INCIDENT_COLS} FROM incidents ORDER BY detected_at DESC, id LIMIT ?", (limit,)
         ).fetchall()
         records = [r for r in map(self._incident_row, rows) if r is not None]
         wanted = set(states) if states is not None else None
@@ -444,7 +302,7 @@ class IncidentStore:
     def incidents_since(self, since: float) -> list[IncidentRecord]:
         """Every incident detected at or after ``since``, oldest first (what a restarted engine remembers)."""
         rows = self._read.execute(
-            f"SELECT rowid, {_INCIDENT_COLS} FROM incidents WHERE detected_at >= ? ORDER BY detected_at, id", (since,)
+            f"SELECT rowid, {INCIDENT_COLS} FROM incidents WHERE detected_at >= ? ORDER BY detected_at, id", (since,)
         ).fetchall()
         return [r for r in map(self._incident_row, rows) if r is not None]
 
@@ -493,12 +351,12 @@ class IncidentStore:
     # ------------------------------------------------------------------ steps
 
     def steps(self, incident_id: str) -> list[StepRecord]:
-        rows = self._read.execute(f"SELECT rowid, {_STEP_COLS} FROM steps WHERE incident=? ORDER BY idx",
+        rows = self._read.execute(f"SELECT rowid, {STEP_COLS} FROM steps WHERE incident=? ORDER BY idx",
                                   (incident_id,))
         return [r for r in map(self._step_row, rows.fetchall()) if r is not None]
 
     def step(self, step_id: str) -> StepRecord | None:
-        row = self._read.execute(f"SELECT rowid, {_STEP_COLS} FROM steps WHERE id=?", (step_id,)).fetchone()
+        row = self._read.execute(f"SELECT rowid, {STEP_COLS} FROM steps WHERE id=?", (step_id,)).fetchone()
         return self._step_row(row) if row else None
 
     def set_step(self, step_id: str, state: str, outcome: str = "", *, started: bool = False,
@@ -514,7 +372,7 @@ class IncidentStore:
         if decision is not None:
             ops.append(("UPDATE steps SET decision=? WHERE id=?", (decision, step_id)))
         # A step that changes something is a remediation in the history, with how it went.
-        ops.append((_REMEDIATION_FROM_STEP, (now, step_id)))
+        ops.append((REMEDIATION_FROM_STEP, (now, step_id)))
         ops.append(("UPDATE history SET outcome=?, reason=? WHERE ref=?", (state, outcome, f"step:{step_id}")))
         self._write(ops)
 
@@ -559,93 +417,6 @@ class IncidentStore:
                 self.report_bad_row("audit", r[0], str(exc))
         return entries
 
-    # ---------------------------------------------------------------- history
-
-    def record_history(self, entries: Iterable[HistoryEntry]) -> None:
-        """What the engine knows of an incident beyond its plan (GPU UUID, XID code, rule verdicts); verdicts audited."""
-        ops: list[Op] = []
-        for e in entries:
-            ops.append(_history_op(e))
-            if e.kind == HistoryKind.DECISION:
-                what = f"history {e.what}: {e.verdict}" + (" (shadow: nothing changed)" if e.shadow else "")
-                ops.append(self._audit_op("engine", what, e.reason, e.incident or None, None, "engine",
-                                          "recorded only" if e.shadow else "decided"))
-        if ops:
-            self._write(ops)
-
-    def history(self, node: str | None = None, *, gpu: int | None = None, gpu_uuid: str = "",
-                since: float | None = None) -> list[HistoryEntry]:
-        """History rows, oldest first: of a node; of one of its GPUs (followed by UUID, where known, across
-        nodes); of the GPU with ``gpu_uuid``; or of every node."""
-        where: list[str] = []
-        params: list[Any] = []
-        if gpu is not None and node is not None and not gpu_uuid:
-            gpu_uuid = self.gpu_uuid(node, gpu)
-        if gpu_uuid and gpu is not None and node is not None:
-            where.append("(h.gpu_uuid = ? OR (h.node = ? AND h.gpu = ? AND h.gpu_uuid = ''))")
-            params += [gpu_uuid, node, gpu]
-        elif gpu_uuid:
-            where.append("h.gpu_uuid = ?")
-            params.append(gpu_uuid)
-        elif node is not None:
-            where.append("h.node = ?")
-            params.append(node)
-            if gpu is not None:
-                where.append("h.gpu = ?")
-                params.append(gpu)
-        if since is not None:
-            where.append("h.at >= ?")
-            params.append(since)
-        sql = (f"SELECT {_HISTORY_COLS}, i.fault_at, i.recovered_at FROM history h"
-               " LEFT JOIN incidents i ON h.kind = 'incident' AND i.id = h.incident"
-               + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY h.at, h.id")
-        return [e for e in map(self._history_row, self._read.execute(sql, params).fetchall()) if e is not None]
-
-    def gpu_uuid(self, node: str, gpu: int) -> str:
-        """The UUID last recorded for GPU ``gpu`` of ``node``; '' when its agent never said."""
-        row = self._read.execute("SELECT gpu_uuid FROM history WHERE node = ? AND gpu = ? AND gpu_uuid != ''"
-                                 " ORDER BY at DESC, id DESC LIMIT 1", (node, gpu)).fetchone()
-        return str(row[0]) if row else ""
-
-    def history_nodes(self) -> list[str]:
-        """Every node with a history here."""
-        return [str(r[0]) for r in self._read.execute("SELECT DISTINCT node FROM history ORDER BY node").fetchall()]
-
-    def fleet_lemon(self, now: float | None = None) -> dict[str, float]:
-        """Every node's raw lemon score (gridwatch.playbooks.history.lemon_raw) over the last 30 days."""
-        now = self.clock.now() if now is None else now
-        by_node: dict[str, list[HistoryEntry]] = {}
-        for e in self.history(since=now - LEMON_WINDOW):
-            by_node.setdefault(e.node, []).append(e)
-        return {node: lemon_raw(rows, now) for node, rows in by_node.items()}
-
-    def node_history(self, node: str, *, gpu: int | None = None, now: float | None = None,
-                     limit: int = 20) -> TrackRecord:
-        """A node's (or one of its GPUs') history with its mean time between incidents and lemon score."""
-        now = self.clock.now() if now is None else now
-        uuid = self.gpu_uuid(node, gpu) if gpu is not None else ""
-        rows = self.history(node, gpu=gpu, gpu_uuid=uuid)
-        return summarize(node, rows, now, self.fleet_lemon(now).values(), limit, gpu, uuid)
-
-    def return_refusal(self, node: str) -> str | None:
-        """Why a history rule keeps ``node`` out of service now (one line), or None."""
-        return return_refusal(self.history(node), node)
-
-    def _history_row(self, row: tuple) -> HistoryEntry | None:
-        fields = dict(zip(_HISTORY_FIELDS, row[1:len(_HISTORY_FIELDS) + 1]))
-        if isinstance(fields["shadow"], int):
-            fields["shadow"] = bool(fields["shadow"])
-        try:
-            entry = msgspec.convert(fields, HistoryEntry)
-        except msgspec.ValidationError as exc:
-            self.report_bad_row("history", row[0], str(exc))
-            return None
-        fault_at, recovered_at = row[-2:]
-        if entry.kind == HistoryKind.INCIDENT and isinstance(fault_at, (int, float)) \
-                and isinstance(recovered_at, (int, float)):
-            entry.ttr = time_to_recover(fault_at, recovered_at)
-        return entry
-
     # -------------------------------------------------------------- internals
 
     def _require(self, incident_id: str) -> IncidentRecord:
@@ -662,7 +433,7 @@ class IncidentStore:
             logger.warning("skipped a bad row: {}", note)
 
     def _incident_row(self, row: tuple) -> IncidentRecord | None:
-        fields = dict(zip([c.strip() for c in _INCIDENT_COLS.split(",")], row[1:]))
+        fields = dict(zip([c.strip() for c in INCIDENT_COLS.split(",")], row[1:]))
         try:
             fields["blamed"] = msgspec.json.decode(fields.get("blamed") or "[]")
             record = msgspec.convert(fields, IncidentRecord)
@@ -682,118 +453,3 @@ class IncidentStore:
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
             self.report_bad_row("steps", row[0], str(exc))
             return None
-
-
-_HISTORY_FIELDS = ("at", "kind", "node", "gpu", "gpu_uuid", "gpu_serial", "incident", "playbook", "what", "code",
-                   "severity", "outcome", "verdict", "shadow", "reason", "who", "step")
-_HISTORY_COLS = "h.id, " + ", ".join(f"h.{c}" if c != "incident" else "COALESCE(h.incident, '')"
-                                     for c in _HISTORY_FIELDS)
-_ACTING_SQL = ", ".join(f"'{s}'" for s in sorted(ACTING_STEPS))
-_REMEDIATION_FROM_STEP = (
-    "INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, outcome, reason, step, ref)"
-    " SELECT COALESCE(s.started_at, ?), 'remediation', i.node, i.gpu, s.incident, i.playbook, s.step, s.state,"
-    " s.outcome, s.id, 'step:' || s.id FROM steps s JOIN incidents i ON i.id = s.incident"
-    f" WHERE s.id = ? AND s.decision = 'act' AND s.step IN ({_ACTING_SQL})"
-)
-# What a schema 2 row must hold to be carried into the history.
-_SANE_INCIDENT = "typeof(detected_at) IN ('real', 'integer') AND typeof(node) = 'text'"
-_BACKFILL: tuple[Op, ...] = (
-    # The XID code of an older incident is in its summary, which the engine writes as "xid N on NODE ...".
-    ("INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, code, severity, ref)"
-     " SELECT detected_at, 'incident', node, gpu, id, playbook, kind, CASE WHEN kind = 'xid' AND summary GLOB"
-     " 'xid [0-9]* *' THEN CAST(substr(summary, 5, instr(substr(summary, 5), ' ') - 1) AS INTEGER) END, severity,"
-     f" 'incident:' || id FROM incidents WHERE {_SANE_INCIDENT}", ()),
-    ("INSERT OR IGNORE INTO history (at, kind, node, gpu, incident, playbook, what, outcome, reason, step, ref)"
-     " SELECT COALESCE(s.started_at, s.finished_at, i.detected_at), 'remediation', i.node, i.gpu, s.incident,"
-     " i.playbook, s.step, s.state, s.outcome, s.id, 'step:' || s.id FROM steps s JOIN incidents i ON i.id = s.incident"
-     f" WHERE s.decision = 'act' AND s.step IN ({_ACTING_SQL}) AND typeof(i.detected_at) IN ('real', 'integer')"
-     " AND typeof(i.node) = 'text'", ()),
-    ("INSERT OR IGNORE INTO history (at, kind, node, incident, outcome, reason, who, ref)"
-     " SELECT ts, 'return', substr(what, ?), incident, outcome, why, who, 'audit:' || id FROM audit"
-     " WHERE what LIKE ? AND phase = 'after' AND typeof(ts) IN ('real', 'integer')",
-     (len(RETURN_WHAT) + 2, f"{RETURN_WHAT} %")),
-)
-
-
-def _history_ref(e: HistoryEntry) -> str | None:
-    """What makes a row one of a kind, so recording it twice changes nothing (a return to service: its audit id)."""
-    if e.kind == HistoryKind.INCIDENT:
-        return f"incident:{e.incident}"
-    if e.kind == HistoryKind.REMEDIATION:
-        return f"step:{e.step}"
-    if e.kind == HistoryKind.DECISION:
-        return f"decision:{e.incident}:{e.what}"
-    return None
-
-
-def _history_op(e: HistoryEntry) -> Op:
-    # Recorded again (by the executor, or with what the engine knows), a row only gains the GPU's identity and code.
-    return (
-        "INSERT INTO history (at, kind, node, gpu, gpu_uuid, gpu_serial, incident, playbook, what, code, severity,"
-        " outcome, verdict, shadow, reason, who, step, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(ref) DO UPDATE SET"
-        " gpu_uuid = CASE WHEN excluded.gpu_uuid != '' THEN excluded.gpu_uuid ELSE history.gpu_uuid END,"
-        " gpu_serial = CASE WHEN excluded.gpu_serial != '' THEN excluded.gpu_serial ELSE history.gpu_serial END,"
-        " code = COALESCE(history.code, excluded.code)",
-        (e.at, str(e.kind), e.node, e.gpu, e.gpu_uuid, e.gpu_serial, e.incident or None, e.playbook, e.what, e.code,
-         e.severity, e.outcome, e.verdict, int(e.shadow), e.reason, e.who, e.step, _history_ref(e)),
-    )
-
-
-def _apply(db: sqlite3.Connection, ops: list[Op]) -> int:
-    """Run ``ops`` in one transaction on ``db``; the last row id."""
-    rowid = 0
-    db.execute("BEGIN")
-    try:
-        for sql, params in ops:
-            rowid = db.execute(sql, params).lastrowid or rowid
-    except BaseException:
-        if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk among them)
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-    return int(rowid)
-
-
-def _create_private(path: str) -> None:
-    """Create the database file 0600: SQLite gives its -wal and -journal the mode of the database."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
-
-
-def _refusal(path: str) -> str:
-    """Why ``path`` (or its -wal, -shm, -journal) is not an incident database this user alone can change; '' if it is.
-
-    SQLite follows a link and opens whatever file is there, so a link planted
-    at the path, or a file another user owns or may write, is refused first.
-    """
-    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
-        try:
-            st = os.lstat(name)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            return f"{name} is a symbolic link"
-        if not stat.S_ISREG(st.st_mode):
-            return f"{name} is not a regular file"
-        if st.st_uid != os.geteuid():
-            return f"{name} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-        if st.st_mode & 0o022:
-            return f"{name} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return ""
-
-
-def _tighten(path: str) -> None:
-    """An incident database of ours that others can read becomes 0600 (its -wal and -shm too)."""
-    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
-        try:
-            st = os.stat(name)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
-            # Incidents name nodes, faults and who did what: not for every local user.
-            os.chmod(name, 0o600)
-            logger.warning("{} was readable by others; now 0600", name)

@@ -41,6 +41,7 @@ from gridwatch.sshlink.server import (
     admitted,
     authorized_file_problem,
     subsystem_server_options,
+    weaker_role,
 )
 from gridwatch.wire import protocol as p
 from gridwatch.wire.framing import LineBuffer
@@ -58,19 +59,11 @@ FLUSH_MIN_S, FLUSH_MAX_S = 0.05, 2.0
 MAX_UNSENT_BYTES = 8 << 20
 # Frames that may wait for the next batch; everything else (events, hellos, gaps, answers, errors) goes at once.
 BATCHED: tuple[type[p.Frame], ...] = (p.Summary, p.Sample, p.LogLine)
-ROLES = ("viewer", "operator")  # weakest first
 NOT_CARRIED = "not one of this relay's nodes"
 
 
 class RelayError(RuntimeError):
     """The relay cannot start; the message says what to fix."""
-
-
-def weaker_role(a: str, b: str | None) -> str:
-    """The role that may do less of the two ("viewer" when either is unknown)."""
-    if a not in ROLES or b not in ROLES:
-        return "viewer"
-    return ROLES[min(ROLES.index(a), ROLES.index(b))]
 
 
 def parse_endpoint(text: str) -> Endpoint | None:
@@ -391,12 +384,16 @@ class ConsoleSession:
         elif isinstance(frame, p.Action):
             self._action(fleet, link, frame)
         elif isinstance(frame, p.Search):
-            if fleet.send(link, frame):
+            if fleet.send(link, msgspec.structs.replace(frame, behalf=self._behalf())):
                 self.relay.counts.requests += 1
             else:
                 self._relayed(ep, p.SearchResult(id=frame.id, error=p.Text(_no_link(link)), node=p.Text(link.name)), urgent=True)
         else:
             self._error("not_a_node_request", f"a relayed {frame.__struct_config__.tag} is not a request an agent takes")
+
+    def _behalf(self) -> p.Behalf:
+        """Who the agent is to cap and budget a forwarded request by: this session's console key and role."""
+        return p.Behalf(key=p.Text(self.caller.key), role=p.Text(self.caller.role))
 
     def _action(self, fleet: Fleet, link: NodeLink, action: p.Action) -> None:
         name = str(action.action)
@@ -412,7 +409,7 @@ class ConsoleSession:
             return
         self.log.info("action {} on {} (id {}) from console key {} ({}) because {!r}", name, link.name,
                       str(action.id), self.caller.key, self.caller.role, str(action.reason))
-        if fleet.send(link, action):
+        if fleet.send(link, msgspec.structs.replace(action, behalf=self._behalf())):
             self.relay.counts.requests += 1
         else:
             answer(_no_link(link))

@@ -43,6 +43,9 @@ class TokenBucket:
         return max(1.0 - self.tokens, 0.0) / self.rate
 
 
+MAX_KEYS = 4096  # budgets kept at once (each console key, and each console behind a relay)
+
+
 class KeyedBuckets:
     """One bucket per key (a client key's fingerprint), made on first use."""
 
@@ -53,6 +56,9 @@ class KeyedBuckets:
     def bucket(self, key: str) -> TokenBucket:
         found = self._buckets.get(key)
         if found is None:
+            if len(self._buckets) >= MAX_KEYS:
+                # Keys behind relays come and go: the oldest budget is forgotten, memory stays bounded.
+                del self._buckets[next(iter(self._buckets))]
             found = self._buckets[key] = TokenBucket(self.rate, self.burst, self.clock)
         return found
 

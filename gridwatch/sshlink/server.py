@@ -71,6 +71,22 @@ class Caller:
     def __str__(self) -> str:
         return f"{self.username} ({self.role}, {self.key})"
 
+    def behind(self, key: str, role: str) -> Caller:
+        """This caller (a relay) forwarding for console ``key`` with ``role`` there: the lesser role of the
+        two, and a key of its own, so each console behind a relay has its own request budget."""
+        return Caller(username=f"{self.username} for {key}", role=weaker_role(self.role, role),
+                      key=f"{self.key}>{key}"[:200])
+
+
+ROLES = ("viewer", "operator")  # weakest first
+
+
+def weaker_role(a: str, b: str | None) -> str:
+    """The role that may do less of the two ("viewer" when either is unknown)."""
+    if a not in ROLES or b not in ROLES:
+        return "viewer"
+    return ROLES[min(ROLES.index(a), ROLES.index(b))]
+
 
 @dataclass
 class Gate:

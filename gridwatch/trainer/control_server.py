@@ -35,12 +35,11 @@ from gridwatch.wire.control import (
     CollectiveRecord,
     ControlReply,
     ControlRequest,
-    Peer,
     decode_request,
     dump_limit,
     encode_reply,
-    peer_of,
 )
+from gridwatch.wire.controlsock import Peer, peer_of
 from gridwatch.wire.protocol import Text, TrainerStatus
 
 

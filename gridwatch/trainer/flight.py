@@ -105,7 +105,7 @@ async def gather(sockets: dict[str, str], timeout: float = 1.0) -> dict[str, Col
     """Every node's record read from its trainer's control socket at once (None where it did not answer)."""
     import asyncio
 
-    from gridwatch.wire.control import TrainerUnavailable, read_collectives
+    from gridwatch.wire.controlsock import TrainerUnavailable, read_collectives
 
     async def one(path: str) -> CollectiveRecord | None:
         try:

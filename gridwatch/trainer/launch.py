@@ -41,7 +41,7 @@ from gridwatch.trainer.config import (
 from gridwatch.trainer.control_server import resolve_group
 from gridwatch.trainer.membership import STORE_ENV
 from gridwatch.trainer.private import NotPrivate, make_private_dir, path_refusal
-from gridwatch.wire.control import socket_path
+from gridwatch.wire.controlsock import socket_path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

@@ -39,7 +39,8 @@ from gridwatch.trainer.sampler import BatchSampler, SamplerState, my_slots
 from gridwatch.trainer.simdevice import Leave, SimDevice
 from gridwatch.trainer.state import init_optimizer_state, live_tensors
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
-from gridwatch.wire.control import restart_target, socket_path
+from gridwatch.wire.control import restart_target
+from gridwatch.wire.controlsock import socket_path
 from gridwatch.wire.protocol import Event, Text, TrainerPhase, TrainerStatus
 
 # torchrun restarts the workers of every node when one exits non-zero; these say why.

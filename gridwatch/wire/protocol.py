@@ -541,8 +541,19 @@ WATCH_OPS: frozenset[str] = frozenset({">", ">=", "<", "<=", "==", "!="})
 MAX_WATCHES = 64  # a console sends its playbooks' conditions: more than this is a bug, refused
 
 
+class Behalf(msgspec.Struct, gc=False, kw_only=True):
+    """Who a relay forwards a request for: the console key it accepted, and that key's role at the relay.
+
+    An agent takes it only to lower what a request may do (the lesser of its caller's role and this one)
+    and to budget each console behind a relay on its own; it never raises a caller's rights.
+    """
+
+    key: Text
+    role: Text
+
+
 class Action(Frame, tag="action"):
-    """An operator action. Who asked is the key the agent accepted, not a field."""
+    """An operator action. Who asked is the key the agent accepted (and, behind a relay, ``behalf``)."""
 
     id: Text
     action: Text
@@ -553,6 +564,7 @@ class Action(Frame, tag="action"):
     fence: int | None = None
     # A playbook step's idempotency key ("<incident>/<step index>"): a repeat is answered with the first outcome.
     key: Text | None = None
+    behalf: Behalf | None = None  # set by a relay: the console key it forwards this for
 
 
 class Search(Frame, tag="search"):
@@ -561,6 +573,7 @@ class Search(Frame, tag="search"):
     since: float | None = None
     until: float | None = None
     limit: int = 500
+    behalf: Behalf | None = None  # set by a relay (see Action.behalf)
 
 
 # ------------------------------------------------------------------ through a relay

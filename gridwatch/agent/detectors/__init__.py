@@ -15,7 +15,13 @@ from gridwatch.wire.protocol import Event
 __all__ = ["MESSAGE_CHARS", "detect"]
 
 # Kernel and driver lines first: a driver line quoted by a trainer is the driver's fault.
-_FAMILIES = (kernel, trainer)
+_FAMILIES = (kernel, trainer)  # the kernel family first (and only from kernel sources: see detect)
+
+
+def kernel_kind(line: str) -> bool:
+    """Whether ``line`` reads as a kernel or driver fault (an application log that quotes one is not one)."""
+    prefilter, detectors = _GATED[0]
+    return bool(prefilter.search(line)) and any(d(line, "", 0.0) is not None for d in detectors)
 
 # Most lines match nothing; each family's alternation of plain words rejects them
 # before any specific pattern runs. Searched one family at a time: measured faster
@@ -26,14 +32,17 @@ _GATED: tuple[tuple[re.Pattern[str], tuple[Detector, ...]], ...] = tuple(
 )
 
 
-def detect(line: str, source: str = "", ts: float = 0.0) -> Event | None:
+def detect(line: str, source: str = "", ts: float = 0.0, kernel: bool = True) -> Event | None:
     """The event a log line reports, or ``None`` for an ordinary line.
 
     ``source`` is the log's path (the event's source becomes ``log:<path>``);
     ``ts`` is when the line was read. The event's ``seq`` and ``node`` are left
-    for the sampler to fill in.
+    for the sampler to fill in. ``kernel`` says the source is the kernel's own
+    (kmsg, the journal's kernel transport, a named unit, a root-only kernel log
+    file): only then may a line report a kernel, driver or NVSwitch fault, the
+    kinds that take a node out. Any other log gives application kinds alone.
     """
-    for prefilter, detectors in _GATED:
+    for prefilter, detectors in _GATED if kernel else _GATED[1:]:
         if not prefilter.search(line):
             continue
         for detector in detectors:

@@ -104,7 +104,7 @@ class Cluster:
                 "--interval", f"{o.interval:g}", "--scene-dir", str(self.dir / "scenes" / name),
                 "--trainer-socket", self.socket_for(name), "--log-level", "INFO",
                 # The node's simulated kernel log: the driver's lines for injected faults land here.
-                "--log", str(kernel_log_path(sim, name)),
+                "--kernel-logs", str(kernel_log_path(sim, name)),
             )
             child = spawn(name, argv, self.dir / "logs" / f"{name}.log", env=self._env())
             self.agents[name] = child

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gridwatch.console.demo.progress import StepPoint
-from gridwatch.console.fleet.goodput import Breakdown, GoodputTracker, TimeUse
+from gridwatch.console.fleet.goodput import Breakdown, TimeUse
+from gridwatch.console.fleet.goodput_tracker import GoodputTracker
 
 if TYPE_CHECKING:
     from gridwatch.console.runtime.core import ConsoleRuntime

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 from loguru import logger
 
-from gridwatch.wire.control import Peer, peer_of
+from gridwatch.wire.controlsock import Peer, peer_of
 from gridwatch.wire.protocol import clean_text
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from loguru import logger
 
-from gridwatch.console.fleet.goodput import GoodputTracker, IncidentSpan
+from gridwatch.console.fleet.goodput import IncidentSpan
+from gridwatch.console.fleet.goodput_tracker import GoodputTracker
 from gridwatch.console.fleet.node import CheckVerdict, PreflightResult
 from gridwatch.console.fleet.state import StateStore
 from gridwatch.console.runtime.collector import CollectorBaseline
@@ -344,7 +345,11 @@ class ConsoleRuntime:
                 self._plans.add(task)
                 task.add_done_callback(self._plans.discard)
             else:
-                # Read-only: the incident is recorded and shown; nothing acts on it.
+                # Read-only: the incident is recorded and shown; nothing acts on it, so nothing it
+                # planned to remove is being removed (the agents' reports say what others did).
+                if self.engine is not None:
+                    for step in plan.steps:
+                        self.engine.step_finished(step, "skipped", "read-only console")
                 self._settle(plan.incident.id)
 
     async def _run_plan(self, plan: Plan) -> None:

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from gridwatch.console.fleet.state import Clock, StateStore, SystemClock
-from gridwatch.playbooks.store import time_to_detect, time_to_recover
-
-if TYPE_CHECKING:
-    pass
-
-
-
+from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
 
 # ------------------------------------------------------------------------ incidents
 
@@ -79,7 +73,8 @@ class IncidentActor(Protocol):
 
 
 class MemoryIncidents:
-    """An in-memory incident store with the same interface, for tests and a console without a database."""
+    """An in-memory incident store with the same interface: the view tests' double, whose rows a test edits by
+    hand (a console without a database uses the real store on ``:memory:``)."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or SystemClock()

@@ -22,9 +22,11 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 DEFAULT_TTL = 5.0
 # One HTTP call to etcd may take this long before it counts as unreachable.
 REQUEST_TIMEOUT = 2.0
+# A leader key on a lease granted longer than this (and than 3 TTLs) was not put there by a console.
+SUSPECT_LEASE_S = 60
 
 
 class EtcdError(RuntimeError):
@@ -70,36 +74,88 @@ class KeyValue:
     lease: int
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdAccess:
+    """How a console proves itself to etcd: a user and password (etcd's auth), client TLS, or both."""
+
+    user: str = ""
+    password: str = ""
+    ca: str | None = None  # the CA that signed etcd's server certificate (https URLs)
+    cert: str | None = None  # this console's client certificate and its key (etcd's --client-cert-auth)
+    key: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for https endpoints; None when nothing but the system's CAs is needed."""
+        if self.ca is None and self.cert is None:
+            return None
+        context = ssl.create_default_context(cafile=self.ca)
+        if self.cert is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+# etcd's answer when a request carries no token, or one it no longer knows (a restart, a TTL): log in again.
+_AUTH_EXPIRED = ("invalid auth token", "user name is empty", "permission denied", "auth: revision")
+
+
 class EtcdClient:
     """The few calls of etcd's v3 JSON gateway an election needs; each blocks, so callers run it in a thread."""
 
-    def __init__(self, endpoints: list[str], timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(self, endpoints: list[str], timeout: float = REQUEST_TIMEOUT, access: EtcdAccess | None = None) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
+        self.access = access or EtcdAccess()
+        self._context = self.access.ssl_context()
+        self._token = ""  # etcd's auth token, from /v3/auth/authenticate when a user is configured
         self._good = 0  # the endpoint that answered last is asked first
+
+    def _authenticate(self, endpoint: str) -> None:
+        data = self._post(endpoint, "auth/authenticate", {"name": self.access.user, "password": self.access.password},
+                          authorized=False)
+        token = data.get("token")
+        if not isinstance(token, str) or not token:
+            raise EtcdError(f"etcd at {endpoint} gave no auth token for user {self.access.user!r}")
+        self._token = token
+
+    def _post(self, endpoint: str, path: str, body: dict[str, Any], authorized: bool = True) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if authorized and self._token:
+            headers["Authorization"] = self._token
+        request = urllib.request.Request(f"{endpoint}/v3/{path}", data=json.dumps(body).encode(), headers=headers,
+                                         method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout,  # noqa: S310 - http(s) only
+                                        context=self._context) as reply:
+                data = json.loads(reply.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode(errors="replace")
+            raise EtcdError(f"etcd at {endpoint} refused {path}: HTTP {exc.code} {detail}") from None
+        if isinstance(data, dict) and "error" in data and "result" not in data:
+            raise EtcdError(f"etcd at {endpoint} refused {path}: {data.get('message') or data['error']}")
+        return data if isinstance(data, dict) else {}
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers; EtcdError when none does."""
         errors = []
         order = self.endpoints[self._good:] + self.endpoints[:self._good]
         for endpoint in order:
-            request = urllib.request.Request(f"{endpoint}/v3/{path}", data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"}, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as reply:  # noqa: S310 - http(s) only
-                    data = json.loads(reply.read() or b"{}")
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode(errors="replace")
-                raise EtcdError(f"etcd at {endpoint} refused {path}: HTTP {exc.code} {detail}") from None
+                if self.access.user and not self._token:
+                    self._authenticate(endpoint)
+                try:
+                    data = self._post(endpoint, path, body)
+                except EtcdError as exc:
+                    if not self.access.user or not any(m in str(exc) for m in _AUTH_EXPIRED):
+                        raise
+                    self._authenticate(endpoint)  # the token lapsed: once more, logged in again
+                    data = self._post(endpoint, path, body)
             except (OSError, ValueError) as exc:
                 errors.append(f"{endpoint}: {getattr(exc, 'reason', None) or exc}")
                 continue
             self._good = self.endpoints.index(endpoint)
-            if isinstance(data, dict) and "error" in data and "result" not in data:
-                raise EtcdError(f"etcd at {endpoint} refused {path}: {data.get('message') or data['error']}")
-            return data if isinstance(data, dict) else {}
+            return data
         raise EtcdError(f"etcd unreachable ({'; '.join(errors)})")
 
     def grant(self, ttl: float) -> int:
@@ -133,6 +189,22 @@ class EtcdClient:
         })
         return bool(data.get("succeeded")), int(data.get("header", {}).get("revision", 0))
 
+    def put_if(self, guard: str, mod_revision: int, key: str, value: str) -> bool:
+        """Put ``key`` only while ``guard`` is still as it was at ``mod_revision`` (the leader key as this
+        console won it); whether it was put."""
+        data = self.call("kv/txn", {
+            "compare": [{"key": _b64(guard), "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
+        })
+        return bool(data.get("succeeded"))
+
+    def lease_granted(self, lease: int) -> int:
+        """The TTL ``lease`` was granted with, in seconds (-1: etcd no longer knows it)."""
+        data = self.call("lease/timetolive", {"ID": lease})
+        if int(data.get("TTL", -1)) < 0:
+            return -1
+        return int(data.get("grantedTTL", 0))
+
     def put(self, key: str, value: str, lease: int = 0) -> None:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if lease:
@@ -165,6 +237,7 @@ class Standing:
     token: int | None = None  # the fencing token while leading
     leader: str = ""  # who leads, when known
     reason: str = ""  # why no one acts, when that is so
+    suspect: bool = False  # the leader key is not one a gridwatch console wrote (no lease, or one never renewed)
 
     @property
     def line(self) -> str:
@@ -172,6 +245,8 @@ class Standing:
             return f"leader (token {self.token})"
         if self.role is Role.ALONE:
             return "leader (no etcd: this console is the only one)"
+        if self.suspect:
+            return f"observer; no console acts: {self.reason}"
         if self.leader:
             return f"observer; {self.leader} leads"
         return f"observer; no console acts: {self.reason or 'no leader yet'}"
@@ -214,6 +289,11 @@ class Election:
         self._wake = asyncio.Event()
         self._publishing: set[asyncio.Task[None]] = set()
         self._held: int | None = None
+        # Fencing tokens of leaders this console saw hold the key with a lease of a console's length: a
+        # published step outcome counts only when it carries one of them (anyone else's is ignored).
+        self.tokens: deque[int] = deque(maxlen=64)
+        self._judged: tuple[int, str] = (0, "")  # (the leader key's mod_revision, why it is suspect) last judged
+        self._ignored_keys: set[str] = set()  # step outcome keys already warned about
 
     # ----------------------------------------------------------------- queries
 
@@ -329,12 +409,39 @@ class Election:
         if self._seen is None:
             why = "no console leads" + ("" if self.campaign else "; take over to act from this one")
             self._set(Standing(Role.OBSERVER, reason=why))
+            return
+        why = await self._suspect(self._seen)
+        if why:
+            self._set(Standing(Role.OBSERVER, leader=self._seen.value, reason=why, suspect=True))
         else:
+            if self._seen.mod_revision not in self.tokens:
+                self.tokens.append(self._seen.mod_revision)
             self._set(Standing(Role.OBSERVER, leader=self._seen.value))
+
+    async def _suspect(self, seen: KeyValue) -> str:
+        """Why the leader key is not a console's lead ("" when it is one): a console always puts it on a
+        lease of its ``ttl``, renewed; a key with no lease, or one granted for far longer, stops every
+        console from acting for as long as it stays, so it is said, not obeyed in silence."""
+        if self._judged[0] == seen.mod_revision:
+            return self._judged[1]
+        why = ""
+        fix = f"delete it (etcdctl del {self.key}) or take over"
+        if seen.lease == 0:
+            why = f"the leader key {self.key} ({seen.value!r}) has no lease: no gridwatch console wrote it; {fix}"
+        else:
+            granted = await asyncio.to_thread(self.client.lease_granted, seen.lease)
+            if granted > max(3 * self.ttl, SUSPECT_LEASE_S):
+                why = (f"the leader key {self.key} ({seen.value!r}) is on a lease of {granted} s, longer than a "
+                       f"console takes: it may never be renewed; {fix}")
+        if why:
+            logger.error("etcd: {}", why)
+        self._judged = (seen.mod_revision, why)
+        return why
 
     async def _lead(self, revision: int) -> None:
         self._seen = KeyValue(self.key, self.name, revision, revision, self._lease)
         self._held = revision
+        self.tokens.append(revision)
         self._set(Standing(Role.LEADER, token=revision, leader=self.name))
         for call in self.on_lead:
             result = call()
@@ -367,14 +474,17 @@ class Election:
         if self.standing.role is not Role.LEADER:
             return
         key = f"{self.steps_prefix}{incident}/{index}"
-        value = json.dumps({"state": state, "outcome": outcome[:500], "token": self.standing.token})
-        task = asyncio.get_running_loop().create_task(self._put(key, value))
+        token = self.standing.token
+        value = json.dumps({"state": state, "outcome": outcome[:500], "token": token, "leader": self.name})
+        task = asyncio.get_running_loop().create_task(self._put(key, value, token or 0))
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)
 
-    async def _put(self, key: str, value: str) -> None:
+    async def _put(self, key: str, value: str, token: int) -> None:
         try:
-            await asyncio.to_thread(self.client.put, key, value)
+            # Only while the leader key is still the one this console won: a deposed leader publishes nothing.
+            if not await asyncio.to_thread(self.client.put_if, self.key, token, key, value):
+                logger.warning("step outcome {} not published: this console no longer holds the lead", key)
         except EtcdError as exc:
             logger.warning("step outcome not published to etcd: {}", exc)
 
@@ -391,10 +501,21 @@ class Election:
             incident, _, index = kv.key[len(self.steps_prefix):].rpartition("/")
             try:
                 data = json.loads(kv.value)
+                token = data.get("token")
+                # A leader's own outcome: its token is one this console saw lead, and it was written after that
+                # leader won the key. Anything else (a third party with write access to etcd) is not believed.
+                if not isinstance(token, int) or token not in self.tokens or kv.mod_revision < token:
+                    self._ignored(kv.key, f"token {token!r} is no leader's this console saw")
+                    continue
                 out.append(StepOutcome(incident, int(index), str(data["state"]), str(data.get("outcome", ""))))
             except (ValueError, KeyError, TypeError):
-                logger.warning("ignored a step outcome in etcd that is not ours: {}", kv.key)
+                self._ignored(kv.key, "not a step outcome")
         return out
+
+    def _ignored(self, key: str, why: str) -> None:
+        if key not in self._ignored_keys:
+            self._ignored_keys.add(key)
+            logger.warning("ignored a step outcome in etcd: {} ({})", key, why)
 
 
 # ------------------------------------------------------------------ the runtime's side
@@ -426,7 +547,8 @@ def attach_election(runtime: ConsoleRuntime, options: RuntimeOptions) -> Electio
 
     def changed(standing: Standing) -> None:
         # Observers say why no one acts; the alert is cleared only if it is still the one raised here.
-        line = f"no console acts: {standing.reason}" if standing.role is Role.OBSERVER and not standing.leader else None
+        line = (f"no console acts: {standing.reason}"
+                if standing.role is Role.OBSERVER and (standing.suspect or not standing.leader) else None)
         if line is not None or (said and runtime.alert == said[-1]):
             runtime.set_alert(line)
         said[:] = [line] if line else []

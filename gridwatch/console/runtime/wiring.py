@@ -141,6 +141,9 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     executor = Executor(incident_store, runtime, clock=clock, who=options.operator, probe=StoreProbe(store),
                         scheduler=options.scheduler, notifier=DefaultNotifier())
     runtime.executor = executor
+    # A node is out of the job when its removal is done, not when it is planned (see Engine.step_finished).
+    executor.on_step.append(engine.step_finished)
+    executor.recheck = engine.no_longer_holds
     if options.alertmanager:
         page_through_alertmanager(runtime, options.alertmanager, clock)
     if options.metrics:
