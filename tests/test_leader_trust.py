@@ -102,3 +102,23 @@ async def test_step_outcomes_only_count_from_a_leader_the_console_saw(tmp_path: 
                                                "/gridwatch/c1/steps/late/0", "{}")
         finally:
             await _stop(*runs)
+
+
+def test_etcd_credentials_come_from_cluster_toml_and_a_password_others_can_read_is_refused(tmp_path: Path) -> None:
+    from gridwatch.console.runtime.config import ConfigError, parse_cluster
+    from gridwatch.console.runtime.wiring import RuntimeOptions
+
+    secret = tmp_path / "etcd.pass"
+    secret.write_text("console-secret\n")
+    secret.chmod(0o600)
+    text = ('nodes = "n1:8022"\netcd = "https://10.0.0.1:2379"\netcd_user = "gridwatch"\n'
+            'etcd_password_file = "etcd.pass"\netcd_ca = "ca.pem"\n')
+    config = parse_cluster(text, str(tmp_path / "cluster.toml"))
+    access = RuntimeOptions.from_cluster(config, key_path="k", known_hosts="kh").etcd_access
+    assert access is not None and (access.user, access.password) == ("gridwatch", "console-secret")
+    assert access.ca == str(tmp_path / "ca.pem")
+    secret.chmod(0o644)
+    with pytest.raises(ValueError, match=r"etcd_password_file: .*etcd.pass may be read by others \(mode 0644\)"):
+        RuntimeOptions.from_cluster(config, key_path="k", known_hosts="kh")
+    with pytest.raises(ConfigError, match="etcd_password_file: expected a path to a file only its owner can read"):
+        parse_cluster('nodes = "n1:8022"\netcd_user = "gridwatch"\n', "cluster.toml")

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from gridwatch.wire.names import node_name_refusal
 from gridwatch.wire.settings import ConfigError, split_hostport
 
 # Each bound is also what an operator reads in the error: "expected a number from 0.05 to 3600".
@@ -191,6 +192,9 @@ def load(path: str | None, overrides: dict[str, Any]) -> AgentConfig:
         value = getattr(cfg, name)
         if value is not None:
             split_hostport(value, origin.get(name, name))
+    refused = node_name_refusal(cfg.node_name)
+    if refused:
+        raise ConfigError(f"{origin.get('node_name', 'node_name')}: consoles would refuse the name {refused}")
     if 0 < cfg.patrol_interval < 1:
         where = origin.get("patrol_interval", "patrol_interval")
         raise ConfigError(f"{where}: expected 0 (no patrol) or at least 1 second, got {cfg.patrol_interval:g}")

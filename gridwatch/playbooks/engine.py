@@ -37,6 +37,7 @@ from gridwatch.playbooks.model import (
 )
 from gridwatch.playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 from gridwatch.wire.protocol import (
+    HEARSAY_VERSION,
     STALE_AFTER_INTERVALS,
     WATCH_METRICS,
     WATCH_OPS,
@@ -92,6 +93,7 @@ class NodeState:
     replan: str = ""  # the incident whose removal failed: planned again when the node next reports
     seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
     lost: bool = False
+    hearsay: bool = False  # no agent speaks for it: read from Prometheus (never taken out on that word alone)
     trainer_step: int | None = None
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
@@ -247,6 +249,7 @@ class Engine:
             return self._agent_condition(node, frame, now)
         if isinstance(frame, Hello):
             node.hello_ident = self._frame_ident
+            node.hearsay = str(frame.agent_version) == HEARSAY_VERSION
             node.hello_interval = frame.interval if frame.interval > 0 else node.hello_interval
             node.interval = node.hello_interval
             node.reported_isolated = frame.isolated
@@ -912,6 +915,13 @@ class Engine:
                 if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
                     step.decision, step.reason = "escalate", escalate_all
         job_size = self._job_size(incident.job) or 1
+        hearsay = self.nodes.get(incident.node)
+        if hearsay is not None and hearsay.hearsay:
+            for step in steps:
+                if step.decision == "act" and (step.step in REMOVING_STEPS or step.step == "reset_gpu"):
+                    step.decision = "skip"
+                    step.reason = (f"{incident.node} is known only from Prometheus: no gridwatch agent speaks "
+                                   f"for it, and no node is taken out on an exporter's word alone")
         apply_guards(pb, key, steps, self.ledger, job_size, now)
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)

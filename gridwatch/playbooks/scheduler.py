@@ -24,9 +24,8 @@ from typing import Protocol
 
 from gridwatch.playbooks.model import SCHEDULERS, SchedulerKind
 from gridwatch.playbooks.notify import CommandOutcome, CommandRunner
+from gridwatch.wire.names import node_name_refusal
 from gridwatch.wire.protocol import clean_text
-
-_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 # What marks a drain as gridwatch's own: the start of a Slurm reason, a Kubernetes annotation.
 REASON_PREFIX = "gridwatch:"
@@ -94,8 +93,9 @@ def incident_of(reason: str) -> str | None:
 
 def check_node(node: str) -> str:
     """``node`` if it is a plain host name; DrainRefused otherwise."""
-    if not _HOSTNAME.match(node):
-        raise DrainRefused(f"refusing to act on {node!r} in the scheduler: not a plain host name")
+    refused = node_name_refusal(node)
+    if refused:
+        raise DrainRefused(f"refusing to act on {node[:80]!r} in the scheduler: it is {refused}")
     return node
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import random
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,12 +30,11 @@ from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.sshlink.policy import client_options, weak_key_reason
 from gridwatch.wire import protocol as p
 from gridwatch.wire.framing import LineBuffer
+from gridwatch.wire.names import node_name_refusal
 
 READ_CHUNK = 65536
 # Errors quote what a peer sent; this is enough to say what happened.
 MAX_ERROR_CHARS = 300
-# A name an agent may say hello as: plain ASCII, as host names and the agents' node names are.
-HELLO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 def hello_name_refusal(endpoint: Endpoint, name: str) -> str:
@@ -47,8 +45,9 @@ def hello_name_refusal(endpoint: Endpoint, name: str) -> str:
     by IP address names no node, so there the first hello pins the name; what
     tells such agents apart is each node's own host key, which the console pins.
     """
-    if not HELLO_NAME.match(name):
-        return f"{endpoint}: the agent says it is {name!r}, which is not a plain node name (letters, digits, '.', '_', '-')"
+    refused = node_name_refusal(name)
+    if refused:
+        return f"{endpoint}: the agent says it is {refused}"
     host = endpoint.host.strip("[]")
     try:
         ipaddress.ip_address(host)

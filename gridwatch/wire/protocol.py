@@ -19,6 +19,9 @@ import msgspec
 PROTOCOL_VERSION = 1
 SUBSYSTEM = "gridwatch"
 AGENT_VERSION = "0.1.0"  # the software version a Hello names (agents and relays)
+# The version a Hello names when no agent sent it: the console read the node from Prometheus. Such a node
+# is shown and its faults are told, but nothing takes it out on a metric exporter's word alone.
+HEARSAY_VERSION = "prometheus"
 # A frame longer than this is refused whole rather than buffered: it is either
 # a bug or hostile, and one node must not make the console hold megabytes.
 MAX_FRAME_BYTES = 1 << 20

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gridwatch.console.cli.commands import add_target_options, cluster_config, resolve_targets
 from gridwatch.playbooks.model import SCHEDULERS
-from gridwatch.wire.exitcodes import EXIT_ERROR, EXIT_OK
+from gridwatch.wire.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from gridwatch.console.runtime.config import SummaryEvery
@@ -200,8 +200,10 @@ def _console(args: argparse.Namespace) -> int:
 
     # The screen is the terminal: logs would scribble over it.
     logger.remove()
-    GridwatchApp(runtime).run()
-    return EXIT_OK
+    app = GridwatchApp(runtime)
+    app.run()
+    # Textual shows a crash's traceback and returns; the exit status must say it too.
+    return EXIT_OK if not app.return_code else EXIT_FAILED
 
 
 async def _headless(runtime: ConsoleRuntime, duration: float | None, control: str | None = None) -> int:

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -33,7 +33,20 @@ from loguru import logger
 
 from gridwatch.console.fleet.history import HISTORY_POINTS
 from gridwatch.console.fleet.state import StateStore
-from gridwatch.wire.protocol import Event, Frame, GpuInfo, GpuSample, Hello, HostSample, NicSample, Sample, Text, clean_text
+from gridwatch.wire.names import node_name_refusal
+from gridwatch.wire.protocol import (
+    HEARSAY_VERSION,
+    Event,
+    Frame,
+    GpuInfo,
+    GpuSample,
+    Hello,
+    HostSample,
+    NicSample,
+    Sample,
+    Text,
+    clean_text,
+)
 from gridwatch.wire.throttle import decode_throttle
 from gridwatch.wire.xid import xid_meaning, xid_severity
 
@@ -47,6 +60,12 @@ AGENT_LINKS = frozenset({"connected", "stale"})  # an agent that speaks for its 
 # While Prometheus does not answer, the engine is told each node reports this seldom, so
 # the silence of the source never reads as many lost heartbeats; the views still go stale.
 SOURCE_SILENT_INTERVAL_S = 24 * 3600.0
+# Nodes taken from Prometheus's labels at most (a label that rotates must not grow the console without end),
+# and how long one missing from every answer is remembered.
+MAX_NODES = 20_000
+FORGET_AFTER_S = 3600.0
+# A reading past this is no reading (an exporter's overflow, or 1e308 sent on purpose).
+MAX_VALUE = 1e15
 
 GPU_QUERY = (
     '{__name__=~"DCGM_FI_DEV_(GPU_UTIL|MEM_COPY_UTIL|GPU_TEMP|MEMORY_TEMP|POWER_USAGE|FB_USED|FB_FREE'
@@ -124,7 +143,7 @@ def _number(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and abs(value) <= MAX_VALUE else None
 
 
 def parse_answer(body: bytes, expect: str) -> list[Series]:
@@ -282,6 +301,7 @@ class _NodeSeen:
     xids: dict[int, float] = field(default_factory=dict)  # gpu -> last DCGM_FI_DEV_XID_ERRORS value
     hello_sent: bool = False
     held: bool = False  # the engine was told the source is silent
+    last_seen: float = 0.0  # when an answer last had it
 
 
 @dataclass(slots=True)
@@ -327,6 +347,8 @@ class PrometheusFleet:
         self._xid_values: dict[tuple[str, int], float] = {}  # (node, gpu) -> DCGM_FI_DEV_XID_ERRORS this poll
         self._tasks: list[asyncio.Task[None]] = []
         self.polls = 0
+        self.refused: dict[str, str] = {}  # label values that name no node -> why (kept up to 100, for the log)
+        self.over_cap = 0  # series of nodes past MAX_NODES, this poll
 
     # ------------------------------------------------------------- lifecycle
 
@@ -419,28 +441,55 @@ class PrometheusFleet:
         self.polls += 1
         if gpus is None:
             if self.failing(Panel.GPUS):
-                self._hold_engine()
+                self._hold_engine(self.nodes.values())
             return
         by_node = self._gpus_by_node(gpus[0])
         if hosts is not None:
             self._host_cache = self._hosts_by_node(hosts[0], hosts[1])
         for name, samples in by_node.items():
             self._emit(name, samples)
+        # A node missing from a good answer is unknown (a relabel, an exporter down), not silent.
+        now = time.time()
+        missing = [seen for name, seen in self.nodes.items() if name not in by_node]
+        self._hold_engine(missing)
+        for seen in missing:
+            if now - seen.last_seen > FORGET_AFTER_S:
+                del self.nodes[seen.name]
+        if self.over_cap:
+            logger.warning("Prometheus names more than {:,} nodes: {:,} series of the others left out", MAX_NODES,
+                           self.over_cap)
 
     def _node_name(self, labels: dict[str, str]) -> tuple[str, tuple[str, str]] | None:
+        """The node a series is about, by the rule agents' names follow (None: no node, or one refused)."""
+        found = None
         for label in NODE_LABELS:
             value = labels.get(label)
             if value:
-                return value, (label, value)
-        instance = labels.get("instance")
-        if instance:
-            return _host_of(instance), ("instance", instance)
-        return None
+                found = value, (label, value)
+                break
+        else:
+            instance = labels.get("instance")
+            if instance:
+                found = _host_of(instance), ("instance", instance)
+        if found is None:
+            return None
+        refused = node_name_refusal(found[0])
+        if refused:
+            if found[0] not in self.refused and len(self.refused) < 100:
+                self.refused[found[0]] = refused
+                logger.warning("Prometheus series with {}={} left out: it is {}", found[1][0],
+                               clean_text(found[0][:80]), refused)
+            return None
+        if found[0] not in self.nodes and len(self.nodes) >= MAX_NODES:
+            self.over_cap += 1
+            return None
+        return found
 
     def _gpus_by_node(self, series: list[Series]) -> dict[str, dict[int, GpuSample]]:
         out: dict[str, dict[int, GpuSample]] = {}
         free: dict[tuple[str, int], float] = {}
         self._xid_values = {}
+        self.over_cap = 0
         for s in series:
             found = self._node_name(s.labels)
             index_text = s.labels.get("gpu", "")
@@ -502,6 +551,7 @@ class PrometheusFleet:
         seen = self.nodes.get(name)
         if seen is None:
             seen = self.nodes[name] = _NodeSeen(name=name, key=name, selector=selector)
+        seen.last_seen = time.time()
         instance = labels.get("instance")
         if instance:
             seen.instance_host = _host_of(instance)
@@ -604,7 +654,7 @@ class PrometheusFleet:
         node_text = Text(name)
         if not seen.hello_sent or seen.held:
             hello = Hello(node=node_text, ts=now, interval=self.options.interval, gpus=list(seen.gpu_infos), role=Text(""),
-                          agent_version=Text("prometheus"), notes=[Text(f"read from Prometheus at {self.options.url}")])
+                          agent_version=Text(HEARSAY_VERSION), notes=[Text(f"read from Prometheus at {self.options.url}")])
             link.hello = hello
             self.on_frame(link, hello)
             seen.hello_sent, seen.held = True, False
@@ -628,16 +678,17 @@ class PrometheusFleet:
                       code=code, source=Text("prometheus"), message=Text(f"XID {code}: {xid_meaning(code)}"))
         self.on_frame(link, event)
 
-    def _hold_engine(self) -> None:
-        """Prometheus is silent, not the nodes: the engine must not count it as lost heartbeats."""
+    def _hold_engine(self, nodes: Iterable[_NodeSeen]) -> None:
+        """Prometheus is silent about ``nodes``, which is no word from them: the engine must not count it
+        as lost heartbeats (their views still go stale)."""
         if self.engine_observe is None:
             return
-        for seen in self.nodes.values():
+        for seen in nodes:
             if seen.held or self._agent_speaks(seen.name):
                 continue
             seen.held = True
             self.engine_observe(seen.key, Hello(node=Text(seen.name), ts=time.time(), role=Text(""),
-                                                interval=SOURCE_SILENT_INTERVAL_S))
+                                                interval=SOURCE_SILENT_INTERVAL_S, agent_version=Text(HEARSAY_VERSION)))
 
     # ---------------------------------------------------------------- history
 

@@ -7,6 +7,7 @@ file, the key and what was expected; commands print it and exit 2.
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable, Sequence
@@ -92,6 +93,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # etcd's URL (or several): consoles of this cluster elect the one that acts; without it a console acts alone.
     etcd: str | list[str] = []
     cluster: str | None = None  # the name the consoles share the lead under (default: derived from nodes)
+    # etcd must be private to the consoles: whoever writes its keys decides which console acts (README).
+    etcd_user: str | None = None  # etcd's auth: this user (with etcd_password_file)
+    etcd_password_file: str | None = None  # a file only its owner can read, holding the password
+    etcd_ca: str | None = None  # https etcd: the CA that signed its certificate
+    etcd_cert: str | None = None  # client TLS (etcd --client-cert-auth): this console's certificate ...
+    etcd_key: str | None = None  # ... and its key
     alertmanager: str | None = None  # Alertmanager's URL: notify steps page there too
     metrics: str | None = None  # HOST:PORT where the console serves its own /metrics
     prometheus: str | None = None  # a Prometheus query API (Thanos, VictoriaMetrics, Mimir): the fleet from it too
@@ -128,6 +135,11 @@ EXPECTED: dict[str, str] = {
     "connect_timeout": "a number of seconds above 0",
     "etcd": 'an http(s) URL of etcd or a list of them, e.g. "http://10.0.0.1:2379"',
     "cluster": "a name of up to 100 letters, digits, '.', '_' or '-' (the consoles' key in etcd)",
+    "etcd_user": "etcd's user name for this console (with etcd_password_file)",
+    "etcd_password_file": "a path to a file only its owner can read (mode 0600), holding etcd's password",
+    "etcd_ca": "a path to the CA certificate (PEM) that signed etcd's",
+    "etcd_cert": "a path to this console's client certificate (PEM), with etcd_key",
+    "etcd_key": "a path to the client certificate's private key (PEM)",
     "alertmanager": 'an http(s) URL of Alertmanager, e.g. "http://alertmanager:9093"',
     "metrics": 'HOST:PORT to serve the console\'s /metrics on, e.g. "127.0.0.1:9400"',
     "prometheus": 'an http(s) URL of a Prometheus query API, e.g. "http://prometheus:9090"',
@@ -297,8 +309,30 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
         return None if value is None else str(base / Path(value).expanduser())
 
     books = [str(resolve(p)) for p in config.playbook_paths]
+    if (config.etcd_user is None) != (config.etcd_password_file is None):
+        raise _error(path, "etcd_user" if config.etcd_user is None else "etcd_password_file")
+    if (config.etcd_cert is None) != (config.etcd_key is None):
+        raise _error(path, "etcd_cert" if config.etcd_cert is None else "etcd_key")
     return msgspec.structs.replace(config, key=resolve(config.key), known_hosts=resolve(config.known_hosts),
-                                   db=resolve(config.db), playbooks=books)
+                                   db=resolve(config.db), playbooks=books,
+                                   etcd_password_file=resolve(config.etcd_password_file),
+                                   etcd_ca=resolve(config.etcd_ca), etcd_cert=resolve(config.etcd_cert),
+                                   etcd_key=resolve(config.etcd_key))
+
+
+def read_secret(path: str) -> str:
+    """The first line of a password file; ValueError in one line when it is missing, empty, or others may read it."""
+    try:
+        st = os.stat(path)
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if st.st_mode & 0o077:
+        raise ValueError(f"{path} may be read by others (mode {st.st_mode & 0o777:04o}): chmod 600 {path}")
+    secret = text.splitlines()[0].strip() if text.strip() else ""
+    if not secret:
+        raise ValueError(f"{path} is empty")
+    return secret
 
 
 def load_cluster(path: str | Path) -> ClusterConfig:

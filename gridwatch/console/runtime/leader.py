@@ -529,7 +529,7 @@ def cluster_name(endpoints: list[Any]) -> str:
 
 def attach_election(runtime: ConsoleRuntime, options: RuntimeOptions) -> Election:
     """``runtime`` campaigns for (or watches) its cluster's lead in etcd; its executor starts steps only while leading."""
-    client = EtcdClient(options.etcd)
+    client = EtcdClient(options.etcd, access=options.etcd_access)
     name = f"{options.operator}@{socket.gethostname()}:{os.getpid()}"
     # Named by every node it watches, direct or through a relay: consoles of one cluster share one name.
     nodes = [*options.endpoints, *(n for carried in options.relays.values() for n in carried)]

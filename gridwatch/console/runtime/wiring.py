@@ -18,10 +18,26 @@ if TYPE_CHECKING:
 
 
 
+from gridwatch.console.runtime.config import read_secret
 from gridwatch.console.runtime.core import ConsoleRuntime
 from gridwatch.console.runtime.incidents import ExecutorActor, StoreIncidents, StoreProbe
+from gridwatch.console.runtime.leader import EtcdAccess
 
 # --------------------------------------------------------------------------- wiring
+
+
+def etcd_access(config: ClusterConfig) -> EtcdAccess | None:
+    """How this console logs in to etcd, from cluster.toml; ValueError in one line when the password cannot be read."""
+    if config.etcd_user is None and config.etcd_ca is None and config.etcd_cert is None:
+        return None
+    password = ""
+    if config.etcd_password_file is not None:
+        try:
+            password = read_secret(config.etcd_password_file)
+        except ValueError as exc:
+            raise ValueError(f"etcd_password_file: {exc}") from None
+    return EtcdAccess(user=config.etcd_user or "", password=password, ca=config.etcd_ca, cert=config.etcd_cert,
+                      key=config.etcd_key)
 
 
 @dataclass(slots=True)
@@ -47,6 +63,7 @@ class RuntimeOptions:
     cluster: str = ""  # the name consoles share the lead under in etcd (default: derived from the node list)
     campaign: bool = True  # False: with etcd, watch until the operator takes over (an interactive console)
     lease_ttl: float = 5.0  # seconds the lead lasts unless renewed (every third of it)
+    etcd_access: EtcdAccess | None = None  # etcd's user and password, client TLS (leader.EtcdAccess)
     alertmanager: str | None = None  # Alertmanager's base URL: every notify also pages there
     metrics: str | None = None  # HOST:PORT: the console serves its own /metrics there (gridwatch.console.runtime.metrics)
     # Seconds between a node's summaries (0: one per sample), or "auto": by the number of endpoints when the
@@ -91,7 +108,8 @@ class RuntimeOptions:
                    read_only=config.read_only, operator=config.operator or getpass.getuser(),
                    playbook_paths=config.playbook_paths, scheduler=config.scheduler,
                    connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
-                   cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every)
+                   cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every,
+                   etcd_access=etcd_access(config))
         return dataclasses.replace(base, **overrides)
 
 

@@ -16,7 +16,8 @@ def sparkline(values: list[float], width: int, lo: float | None = None, hi: floa
     if width <= 0:
         return ""
     points = values[-width:]
-    known = [v for v in points if not math.isnan(v)]
+    # Only finite readings are drawn: a node may send 1e308, whose span overflows to infinity.
+    known = [v for v in points if math.isfinite(v)]
     if not known:
         return " " * width
     low = min(known) if lo is None else lo
@@ -25,10 +26,11 @@ def sparkline(values: list[float], width: int, lo: float | None = None, hi: floa
     top = len(BLOCKS) - 1
     chars = []
     for v in points:
-        if math.isnan(v):
+        level = (v - low) / span * top + 0.5 if math.isfinite(v) and math.isfinite(span) and span > 0 else None
+        if not math.isfinite(v):
             chars.append(" ")
-        elif span <= 0:
-            chars.append(BLOCKS[0])
+        elif level is None or not math.isfinite(level):
+            chars.append(BLOCKS[0] if span <= 0 or not math.isfinite(span) else BLOCKS[top if v > low else 0])
         else:
-            chars.append(BLOCKS[min(max(int((v - low) / span * top + 0.5), 0), top)])
+            chars.append(BLOCKS[min(max(int(level), 0), top)])
     return " " * (width - len(chars)) + "".join(chars)
