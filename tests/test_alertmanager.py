@@ -183,3 +183,37 @@ def test_cluster_toml_and_the_flag_take_alertmanager_and_refuse_a_bad_url(keys, 
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr
         assert res.stderr.strip().count("\n") == 0 and "alertmanager" in res.stderr and "Traceback" not in res.stderr
+
+
+async def test_a_server_answering_200_with_a_web_page_is_not_a_delivery() -> None:
+    """Something else at Alertmanager's address (a proxy's login page, a web UI) answers 200 with HTML:
+    the alerts are kept and retried, and the status says why."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"<html><body>Please log in</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    clock = ManualClock(2_000_000_000.0)
+    sink = Alertmanager(f"http://127.0.0.1:{server.server_address[1]}", clock, timeout=2.0, poll_s=0.05)
+    try:
+        sink.fire(_incident("xid-hardware:node-3:9", opened=clock.now()), "node-3 isolated")
+        await wait_until(lambda: sink.status.failures >= 1, 10, "the post judged")
+        assert sink.status.sent == 0 and sink.status.queued == 1
+        assert "not as Alertmanager does" in sink.status.last_error
+    finally:
+        await sink.close()
+        server.shutdown()
+        server.server_close()

@@ -122,3 +122,35 @@ def test_etcd_credentials_come_from_cluster_toml_and_a_password_others_can_read_
         RuntimeOptions.from_cluster(config, key_path="k", known_hosts="kh")
     with pytest.raises(ConfigError, match="etcd_password_file: expected a path to a file only its owner can read"):
         parse_cluster('nodes = "n1:8022"\netcd_user = "gridwatch"\n', "cluster.toml")
+
+
+async def test_after_etcd_is_rebuilt_empty_one_command_lifts_the_next_leaders_token_past_the_agents(
+        tmp_path: Path) -> None:
+    from gridwatch.agent.fencing import FenceBook
+    from tests.support_cli import gridwatch
+
+    with running_etcd(tmp_path / "etcd") as etcd:
+        if etcd is None:
+            pytest.skip("etcd could not start here (/usr/bin/etcd)")
+        book = FenceBook(None)
+        book.newest = 28  # what the agents kept from the etcd that was lost
+        first = Election(EtcdClient([etcd.url], timeout=1.0), "c1", "console-a", ttl=2.0)
+        run = asyncio.create_task(first.run())
+        await wait_until(lambda: first.leading, 10, "a console to lead the rebuilt etcd")
+        refused = book.admit(first.token)
+        assert refused is not None and "gridwatch fencing raise --past 28" in refused
+        await _stop(run)
+        cluster = tmp_path / "cluster.toml"
+        cluster.write_text(f'nodes = "n1:8022"\netcd = "{etcd.url}"\ncluster = "c1"\n')
+        done = gridwatch("fencing", "raise", "--past", "28", "--cluster", str(cluster))
+        assert done.returncode == 0, done.stderr
+        assert "the next leader's token is newer than 28" in done.stdout
+        second = Election(EtcdClient([etcd.url], timeout=1.0), "c1", "console-b", ttl=2.0)
+        run = asyncio.create_task(second.run())
+        try:
+            await wait_until(lambda: second.leading, 10, "the next console to lead")
+            assert second.token is not None and second.token > 28 and book.admit(second.token) is None
+            again = gridwatch("fencing", "raise", "--past", "28", "--cluster", str(cluster))
+            assert again.returncode == 0 and "nothing to do" in again.stdout
+        finally:
+            await _stop(run)

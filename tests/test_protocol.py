@@ -84,6 +84,10 @@ def test_hostlist_syntax():
     for bad in ("node[1-", "node[3-1]", "node[a-b]", "", "n[1-99999999]"):
         with pytest.raises(HostlistError):
             expand(bad)
+    # Ranges under the cap each, past it together: in one bracket, or as many parts.
+    for combined in ("n[" + ",".join(["0-90000"] * 100) + "]", ",".join(f"r{i}n[0-90000]" for i in range(100))):
+        with pytest.raises(HostlistError, match="more than 100000 hosts"):
+            expand(combined)
 
 
 def test_why_an_action_failed_travels_as_a_code_and_a_phase_must_be_one_the_wire_names() -> None:

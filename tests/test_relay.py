@@ -401,3 +401,43 @@ async def test_behind_a_relay_each_console_key_keeps_its_own_role_and_request_bu
         await operator.fleet.stop()
         await r.close()
         await stop(ra)
+
+
+async def test_a_relay_down_is_the_relays_silence_not_a_lost_heartbeat_for_each_node_behind_it(keys, nodes):
+    """The console's engine on a hand-moved clock: a minute with the relay gone opens no heartbeat-lost for
+    the nodes behind it, and once it is back their silence counts from then."""
+    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
+    from gridwatch.playbooks.clock import ManualClock
+
+    carried = [endpoint(ra) for ra in nodes]
+    first = Relay(name="rack1", nodes=carried, keys=RelayKeys.from_dir(keys.dir), backoff_min=0.05, backoff_max=0.3)
+    port = await first.start("127.0.0.1", 0)
+    clock = ManualClock(1000.0)
+    runtime = build_runtime(RuntimeOptions(endpoints=[], relays={Endpoint("127.0.0.1", port): carried},
+                                           key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
+                                           backoff_max=0.3, tick_interval=0), clock=clock)
+    await runtime.start()
+    second = None
+
+    def heartbeats() -> list:
+        return [i for i in runtime.engine.incidents() if i.kind == "heartbeat_lost"]
+
+    try:
+        await wait_until(lambda: len(runtime.engine.nodes) == 3, 15, "three nodes through the relay")
+        await first.close()
+        await wait_until(lambda: runtime.relays_down, 10, "the console to see the relay down")
+        clock.advance(60.0)
+        runtime.tick_engine()
+        assert heartbeats() == []
+        assert "3 nodes behind it" in runtime.relay_alert  # the relay's line says it for them
+        second = Relay(name="rack1", nodes=carried, keys=RelayKeys.from_dir(keys.dir), backoff_min=0.05,
+                       backoff_max=0.3)
+        await second.start("127.0.0.1", port)
+        await wait_until(lambda: not runtime.relays_down, 15, "the relay back")
+        clock.advance(0.2)  # under three of the nodes' 0.1 s heartbeats since the relay came back
+        runtime.tick_engine()
+        assert heartbeats() == []  # silence counts from the relay's return, not from the last frame before it
+    finally:
+        await runtime.stop()
+        if second is not None:
+            await second.close()

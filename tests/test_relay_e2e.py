@@ -16,6 +16,7 @@ import pytest
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, free_port, start_agent, wait_until
+from tests.support_leader import incidents
 from tests.support_relay import action_events, endpoint, spawn_relay, stop
 
 OPERATOR = Caller(username="test", role="operator", key="SHA256:test")
@@ -60,6 +61,8 @@ async def test_an_xid_behind_a_relay_is_isolated_once_and_a_dead_relay_is_one_li
         await wait_until(lambda: console_log.read_text().count(f"relay 127.0.0.1:{port} up (3 nodes)") == 2, 30,
                          "the relay back")
         assert len(action_events(agents[1], "isolate")) == 1  # the fault was acted on once, relay death or not
+        # The relay was down far longer than three heartbeats: that was the relay's silence, not its nodes'.
+        assert incidents(db, "heartbeat-lost") == []
         text = console_log.read_text()
         # Down once (not at each retry), and its nodes not one by one: the relay's line says it for them.
         assert len([line for line in text.splitlines() if "behind it" in line]) == 1, text

@@ -41,7 +41,8 @@ Handler = Callable[["Agent", "Caller", p.Action], Coroutine[Any, Any, p.ActionRe
 
 def refusal(token: int, newest: int) -> str:
     """The one line an agent answers a request from an older console with."""
-    return f"refused: fencing token {token} is older than {newest} (a newer console leads)"
+    return (f"refused: fencing token {token} is older than {newest} (a newer console leads; if etcd was rebuilt "
+            f"empty, run: gridwatch fencing raise --past {newest})")
 
 
 @dataclass(slots=True)

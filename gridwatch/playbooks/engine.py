@@ -94,6 +94,8 @@ class NodeState:
     seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
     lost: bool = False
     hearsay: bool = False  # no agent speaks for it: read from Prometheus (never taken out on that word alone)
+    unheard_via: str = ""  # the relay carrying it is down: its silence is the relay's, no evidence about it
+    excused_at: float = float("-inf")  # silence before this is not held against it (its relay was down)
     trainer_step: int | None = None
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
@@ -294,6 +296,26 @@ class Engine:
         measured from here on, not from its last frame (a console that stalled measures nothing)."""
         self._awake_since = max(self._awake_since, now)
 
+    def _silent_since(self, node: NodeState) -> float:
+        """From when ``node``'s silence counts: its last frame, or later when the console or its relay was
+        not listening (a loop that stalled, a relay down, measure nothing)."""
+        return max(node.last_seen, self._awake_since, node.excused_at)
+
+    def relay_down(self, sources: Iterable[str], relay: str) -> None:
+        """The relay carrying ``sources`` (endpoints or node names) is down: their silence is not theirs."""
+        for source in sources:
+            node = self.nodes.get(self._names.get(source, source))
+            if node is not None:
+                node.unheard_via = relay
+
+    def relay_up(self, sources: Iterable[str], now: float) -> None:
+        """Their relay is back: each node's silence counts from now, not from its last frame before."""
+        for source in sources:
+            node = self.nodes.get(self._names.get(source, source))
+            if node is not None and node.unheard_via:
+                node.unheard_via = ""
+                node.excused_at = max(node.excused_at, now)
+
     def tick(self, now: float | None = None) -> list[Plan]:
         """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
         now = self.clock.now() if now is None else now
@@ -301,13 +323,15 @@ class Engine:
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
         for node in self.nodes.values():
-            lost = now - max(node.last_seen, self._awake_since) > STALE_AFTER_INTERVALS * node.interval
+            lost = now - self._silent_since(node) > STALE_AFTER_INTERVALS * node.interval
             if lost != node.lost:
                 node.lost = lost
                 self._live.clear()
         heartbeats = self._heartbeat_books()
         for node in list(self.nodes.values()) if heartbeats else ():
-            silent = now - max(node.last_seen, self._awake_since)
+            if node.unheard_via:
+                continue  # its relay is down: the relay's incident, not a lost heartbeat of each node behind it
+            silent = now - self._silent_since(node)
             for pb, trig in heartbeats:
                 if silent <= trig.missed * node.interval:
                     continue

@@ -60,8 +60,9 @@ def _expand_one(pattern: str) -> list[str]:
         lo, hi = r.group(1), r.group(2) or r.group(1)
         if int(hi) < int(lo):
             raise HostlistError(f"range {item!r} in {pattern!r} runs backwards")
-        if int(hi) - int(lo) >= MAX_HOSTS:
-            raise HostlistError(f"range {item!r} in {pattern!r} is larger than {MAX_HOSTS} hosts")
+        # Counted before any is made: many ranges in one bracket must not add up past the cap either.
+        if len(values) + int(hi) - int(lo) >= MAX_HOSTS:
+            raise HostlistError(f"{pattern!r} expands to more than {MAX_HOSTS} hosts")
         width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
         values.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
     out: list[str] = []
@@ -78,6 +79,8 @@ def expand(spec: str) -> list[str]:
     for part in _split_top(spec):
         for name in _expand_one(part):
             seen.setdefault(name, None)
+        if len(seen) > MAX_HOSTS:  # parts under the cap each, many of them together
+            raise HostlistError(f"{spec[:80]!r} expands to more than {MAX_HOSTS} hosts")
     if not seen:
         raise HostlistError("empty node set")
     return list(seen)

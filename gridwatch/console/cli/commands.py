@@ -116,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_history(sub)  # history NODE [--gpu N]: from the incident database
 
+    from gridwatch.console.cli.fencing import register as register_fencing
+
+    register_fencing(sub)  # fencing raise --past N: after etcd was rebuilt empty
+
 
 def _keys_init(args: argparse.Namespace) -> int:
     from gridwatch.sshlink.keys import init_keys

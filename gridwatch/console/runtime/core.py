@@ -238,6 +238,12 @@ class ConsoleRuntime:
     def on_relay(self, relay: Any) -> None:
         """A relay's own link went up or down: one line for all the nodes behind it (its nodes say it too)."""
         key = str(relay.endpoint)
+        if self.engine is not None:
+            # The relay's silence is the relay's: no node behind it is lost for it.
+            if str(relay.state) == "connected":
+                self.engine.relay_up(list(relay.carried), self.engine.clock.now())
+            else:
+                self.engine.relay_down(list(relay.carried), key)
         if str(relay.state) == "connected":
             self.relays_down.pop(key, None)
         else:

@@ -518,6 +518,25 @@ class Election:
             logger.warning("ignored a step outcome in etcd: {} ({})", key, why)
 
 
+def raise_revision(client: EtcdClient, cluster: str, past: int,
+                   progress: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """Write ``/gridwatch/<cluster>/epoch`` until etcd's revision passes ``past``: (revision before, after).
+
+    A fencing token is the revision of the leader key's put; etcd rebuilt empty starts again from 1, below
+    the newest token the agents keep, so they refuse every new leader. Each put raises the revision by one
+    (one request each: a transaction may not name a key twice), so this takes ``past`` requests at most.
+    A live etcd's revision is past every token it ever gave, so there this writes nothing.
+    """
+    key = f"/gridwatch/{cluster}/epoch"
+    before = after = int(client.call("kv/range", {"key": _b64(key)}).get("header", {}).get("revision", 0))
+    while after <= past:
+        data = client.call("kv/put", {"key": _b64(key), "value": _b64(str(after))})
+        after = int(data.get("header", {}).get("revision", after + 1))
+        if progress is not None and (after % 1000 == 0 or after > past):
+            progress(after)
+    return before, after
+
+
 # ------------------------------------------------------------------ the runtime's side
 
 
