@@ -11,9 +11,11 @@ from gridwatch.wire.control import CollectiveEntry, CollectiveRecord, Collective
 NODES = ["node-1", "node-2", "node-3"]
 
 
-def make_engine() -> tuple[Engine, ManualClock]:
+def make_engine(everything: bool = False) -> tuple[Engine, ManualClock]:
+    """Three nodes of job "run"; the shipped blame playbooks (or every shipped playbook)."""
     clock = ManualClock(1000.0)
-    engine = Engine([pb for pb in load_builtin() if pb.name in ("nccl-timeout", "trainer-unresponsive")], clock)
+    books = [pb for pb in load_builtin() if everything or pb.name in ("nccl-timeout", "trainer-unresponsive")]
+    engine = Engine(books, clock)
     for name in NODES:
         engine.observe(name, p.Hello(node=p.Text(name), ts=clock.now()))
         engine.observe(name, p.Sample(node=p.Text(name), ts=clock.now(),

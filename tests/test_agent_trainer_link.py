@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.trainer.control_server import ControlServer
@@ -93,3 +95,43 @@ def test_a_trainer_that_left_on_request_is_not_a_fault():
     for t[0] in (60.0, 80.0):
         link.unanswered("no trainer is listening")
     assert [e.kind for e in link.take_events()] == ["trainer_exit"]
+
+
+def test_a_silent_trainer_says_whether_its_process_is_still_there():
+    """Frozen (the process is there) is evidence about the node; exited or killed (gone) is a software fault."""
+    import subprocess
+    import sys
+
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid, process in ((os.getpid(), "alive"), (dead.pid, "gone"), (None, "unknown")):
+        t = [0.0]
+        link = TrainerLink("/nonexistent.sock", grace=5.0, clock=lambda: t[0])
+        link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=pid))
+        for t[0] in (1.0, 7.0):
+            link.unanswered("no trainer is listening")
+        (event,) = link.take_events()
+        assert event.kind == "trainer_exit" and event.details["process"] == process, (pid, event)
+
+
+async def test_an_isolated_nodes_trainer_back_in_the_job_is_told_to_leave_again(keys, tmp_path):
+    """Isolation holds: a worker that (re)starts on an isolated node (torchrun restarted it, or it was not
+    listening when the node was isolated) is told to leave the job again by the agent."""
+    from tests.support_loop import FakeJob, agents_beside
+
+    job = FakeJob(tmp_path, ["node-1"])
+    (ra,) = await agents_beside(keys, job)
+    try:
+        ra.agent.set_isolated(True)  # isolated while its trainer was away: no leave was heard
+        job.down("node-1")
+        job.up("node-1")  # the worker comes back, training
+        await wait_until(lambda: job.left.is_set(), 10, "the restarted trainer told to leave")
+        lines, _ = ra.agent.ring.since(0)
+        assert any(b'"trainer_kept_out"' in line for line in lines)
+    finally:
+        await ra.agent.trainer.stop()
+        await stop_agent(ra)
+        for server in list(job.servers.values()):
+            server.stop()

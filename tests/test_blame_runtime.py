@@ -223,3 +223,20 @@ async def test_a_frozen_worker_in_a_real_job_is_blamed_and_isolated_by_the_runti
             await ra.agent.trainer.stop()
             await stop_agent(ra)
         await asyncio.to_thread(job.stop)
+
+
+def test_a_crashed_trainer_is_not_taken_out_even_when_the_records_name_its_rank() -> None:
+    """The ranks' records name the rank that never entered the collective; its process is gone (XID 13 killed
+    it, an exception): the shipped playbooks keep the scene and tell, and the node stays (torchrun restarts it)."""
+    engine, clock = make_engine(everything=True)
+    gone = CollectiveVerdict(pg="g0", seq=41, op="all_reduce", world=3, waiting=[0, 1],
+                             culprits=[Culprit(rank=2, node="node-3", reason=BlameReason.NO_ANSWER)],
+                             summary="rank 2 on node-3 did not answer (frozen or gone) while 2 ranks wait in all_reduce #41")
+    engine.hang_verdict("run", gone)
+    clock.advance(5.0)
+    plans = engine.observe("node-3", p.Event(node=p.Text("node-3"), ts=clock.now(), kind=p.Text("trainer_exit"),
+                                             severity=p.Text("error"), message=p.Text("stopped answering"),
+                                             details={p.Text("process"): p.Text("gone")}))
+    assert [pl.incident.playbook for pl in plans] == ["trainer-exited"]
+    assert [s.step for s in plans[0].steps] == ["capture_scene", "notify"]
+    assert not any(s.step in ("isolate_node", "drain_node") for pl in plans for s in pl.steps)

@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 
 from gridwatch.console.cli import build_parser
-from tests.conftest import ROOT, start_agent, stop_agent
+from tests.conftest import ROOT, free_port, start_agent, stop_agent
 from tests.support_cli import run_cli
 
 
@@ -155,3 +155,12 @@ def test_the_fault_cli_offers_exactly_the_agents_fault_kinds() -> None:
     from gridwatch.console.cli.demo import FAULT_KINDS as CLI_KINDS
 
     assert sorted(CLI_KINDS) == sorted(AGENT_KINDS)
+
+
+def test_nothing_reachable_is_exit_2_and_an_abbreviated_flag_is_refused(keys, tmp_path):
+    out = run_cli("tail", "--nodes", f"127.0.0.1:{free_port()}", "--key", str(keys.viewer_key),
+                  "--known-hosts", str(keys.known_hosts), "--duration", "1")
+    assert out.returncode == 2, out.stderr
+    # argparse would take "--headles" for --headless and run a whole demo.
+    out = run_cli("demo", "--headles", "--duration", "1")
+    assert out.returncode == 2 and "unrecognized arguments: --headles" in out.stderr

@@ -42,10 +42,11 @@ def _plan(text: str = HARDWARE, event: Event | None = None) -> Plan:
     return plan
 
 
-def _executor(tmp_path: Path, sink: FakeSink, **kw: Any) -> tuple[Executor, IncidentStore, FakeRunner, FakeNotifier]:
+def _executor(tmp_path: Path, sink: FakeSink, runner: FakeRunner | None = None,
+              **kw: Any) -> tuple[Executor, IncidentStore, FakeRunner, FakeNotifier]:
     clock = ManualClock(1000.0)
     store = IncidentStore(tmp_path / "incidents.db", clock)
-    runner, notifier = FakeRunner(), FakeNotifier()
+    runner, notifier = runner or FakeRunner(), FakeNotifier()
     return Executor(store, sink, clock=clock, runner=runner, notifier=notifier, who="console", **kw), store, runner, notifier
 
 
@@ -58,7 +59,7 @@ async def test_runs_the_plan_and_audits_before_and_after(tmp_path: Path) -> None
     assert [(n, a) for n, a, _ in sink.calls] == [
         ("node2", "capture_scene"), ("node2", "isolate"), ("node1", "restart_from"), ("node3", "restart_from")]
     assert sink.calls[2][2]["checkpoint"] == "newest"
-    reason = f"gridwatch: incident {plan.incident.id} (playbook hw, operator console): xid 79 on node2 gpu 0"
+    reason = f"xid 79 on node2 gpu 0 (gridwatch incident {plan.incident.id}, playbook hw, operator console)"
     assert runner.argvs == [["scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={reason}"]]
     assert len(notifier.sent) == 1
     audit = store.audit_log(plan.incident.id)
@@ -311,3 +312,58 @@ async def test_a_standby_taking_the_lead_skips_a_heartbeat_plan_whose_node_came_
     assert [r.state for r in steps] == ["skipped"] * 3
     assert "node3 is sending frames again" in steps[0].outcome
     assert not sink.calls and not notifier.sent
+
+
+async def test_a_notify_says_what_the_steps_did_not_the_playbooks_sentence_when_a_guard_stopped_them(
+        tmp_path: Path) -> None:
+    text = HARDWARE.replace("  - notify\n", "  - do: notify\n    message: node isolated and drained, job resumed\n")
+    plan = _plan(text)
+    for step in plan.steps:
+        if step.step in ("isolate_node", "drain_node", "restart_from_checkpoint"):
+            step.decision, step.reason = "escalate", "blast radius: 2 nodes out within 1h"
+    executor, _, _, notifier = _executor(tmp_path, FakeSink())
+    await executor.run(plan)
+    told = [t for t, escalation in notifier.sent if not escalation]
+    assert told and "node isolated and drained" not in told[-1]
+    assert "isolate_node escalated (blast radius: 2 nodes out within 1h)" in told[-1]
+    assert "capture_scene done" in told[-1]
+
+
+async def test_a_drain_whose_command_timed_out_is_read_again_not_recorded_failed(tmp_path: Path) -> None:
+    """slurmctld froze while it took the update: the command is killed at the step's timeout, yet the node
+    is drained. The step is pending (its outcome unknown), the node is read again, and then it is done."""
+    import asyncio
+
+    from gridwatch.playbooks.notify import CommandOutcome
+    from tests.conftest import wait_until
+
+    class FrozenController(FakeRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reason = ""
+
+        async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+            if argv[:3] == ["scontrol", "show", "node"]:
+                held = f"IDLE+DRAIN ThreadsPerCore=1 Reason={self.reason} [root@2026-12-02T01:00:00]" \
+                    if self.reason else "IDLE ThreadsPerCore=1"
+                return CommandOutcome(0, f"NodeName={argv[-1]} Arch=x86_64 State={held}\n")
+            self.argvs.append(argv)
+            if argv[:2] == ["scontrol", "update"] and not self.reason:
+                self.reason = argv[-1].split("=", 1)[1]  # taken by the controller ...
+                await asyncio.sleep(3600)  # ... which then stops answering
+            return CommandOutcome(0, "")
+
+    text = HARDWARE.replace("    scheduler: slurm\n", "    scheduler: slurm\n    timeout: 1s\n")
+    plan = _plan(text)
+    runner = FrozenController()
+    executor, store, _, _ = _executor(tmp_path, FakeSink(), runner=runner)
+    await executor.run(plan)
+    drain = next(s for s in store.steps(plan.incident.id) if s.step == "drain_node")
+    assert drain.state == "pending" and drain.outcome.startswith("outcome unknown (the command timed out)")
+    executor.clock.advance(120.0)
+    await wait_until(lambda: next(s for s in store.steps(plan.incident.id) if s.step == "drain_node").state == "done",
+                     10, "the node read again")
+    drain = next(s for s in store.steps(plan.incident.id) if s.step == "drain_node")
+    assert "already drained by gridwatch" in drain.outcome
+    assert [a for a in runner.argvs if a[:2] == ["scontrol", "update"]] == [runner.argvs[0]]  # sent once
+    await executor.close()

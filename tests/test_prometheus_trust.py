@@ -88,7 +88,8 @@ async def test_a_node_only_prometheus_knows_is_told_about_but_never_taken_out() 
         store = runtime.plan_store
         await wait_until(lambda: store.steps(incident.id), 5, "its plan recorded")
         steps = {s.step: s for s in store.steps(incident.id)}
-        for name in ("isolate_node", "drain_node"):
+        for name in ("capture_scene", "isolate_node", "drain_node"):
             assert steps[name].decision == "skip" and "known only from Prometheus" in steps[name].planned.reason
         assert steps["notify"].decision == "act"
+        await wait_until(lambda: store.steps(incident.id)[-1].state == "done", 10, "the notify to go out")
         await runtime.stop()

@@ -191,7 +191,8 @@ async def test_kubernetes_cordons_marks_the_cordon_ours_and_uncordons_it_on_retu
     node = kube.nodes()["gpu-2"]
     assert node["cordoned"] is True
     reason = node["annotations"][ANNOTATION]
-    assert reason.startswith(f"gridwatch: incident {plan.incident.id} (playbook xid-hardware, operator alice)")
+    assert reason.startswith("xid 79 on gpu-2")
+    assert f"(gridwatch incident {plan.incident.id}, playbook xid-hardware, operator alice)" in reason
     assert kube.argvs() == [["get", "node", "gpu-2", "-o", "json"],
                             ["annotate", "--overwrite", "node", "gpu-2", f"{ANNOTATION}={reason}"],
                             ["cordon", "gpu-2"]]
@@ -290,3 +291,14 @@ async def test_a_scheduler_client_that_is_not_installed_fails_the_drain_in_one_s
     drain = drain_step(store, plan)
     assert (drain.state, drain.outcome) == (
         "failed", 'scontrol is not installed here (not on PATH): install the Slurm client, or set scheduler = "none"')
+
+
+def test_a_drain_reason_says_what_is_wrong_first_and_an_earlier_versions_drain_is_still_ours() -> None:
+    from gridwatch.playbooks.scheduler import drain_reason, incident_of, ours
+
+    reason = drain_reason("xid-hardware:node-3:17", "xid-hardware", "alice", "xid 79 on node-3 gpu 1: GPU has fallen off the bus")
+    assert reason[:20] == "xid 79 on node-3 gpu"  # what `sinfo -R` shows
+    assert ours(reason) and incident_of(reason) == "xid-hardware:node-3:17"
+    old = "gridwatch: incident xid-hardware:node-3:9 (playbook xid-hardware, operator bob): xid 48 on node-3"
+    assert ours(old) and incident_of(old) == "xid-hardware:node-3:9"
+    assert not ours("bad PSU, ticket 4411") and incident_of("bad PSU, ticket 4411") is None

@@ -91,7 +91,8 @@ async def test_a_shipped_playbook_drains_the_node_with_incident_playbook_and_ope
     assert drain.state == "done", drain.outcome
     state, reason = slurm.node("node-2")
     assert "DRAIN" in state
-    assert reason.startswith(f"gridwatch: incident {plan.incident.id} (playbook xid-hardware, operator alice): ")
+    assert reason.startswith("xid 79 on node-2")  # what is wrong first: `sinfo -R` shows 20 characters
+    assert reason.endswith(f"(gridwatch incident {plan.incident.id}, playbook xid-hardware, operator alice)")
     assert [slurm.drained(n) for n in NODES] == [False, True, False, False]
     # The audit has the command as sent, and the reason sent with it.
     sent = [a for a in store.audit_log(plan.incident.id) if a.what.startswith("scontrol update")]
@@ -208,8 +209,10 @@ async def test_a_timed_out_drain_is_killed_and_never_acts_afterwards(slurm: Slur
     executor, store, _ = executor_for(tmp_path)
     await executor.run(plan)
     drain = step(store, plan)
-    assert drain.state == "failed"
-    assert drain.outcome == "timed out after 1s; scontrol was killed before it finished"
+    # Killed before it finished, the command's outcome is unknown: pending, the node read again before the
+    # next try (on the executor's clock, which does not move here), never recorded "failed".
+    assert drain.state == "pending"
+    assert drain.outcome.startswith("outcome unknown (the command timed out), reading the node again")
     # The stand-in's whole process group is gone, the delayed scontrol with it: nothing can drain the node later.
     pgid = int(pidfile.read_text())
     await wait_until(lambda: not live_members(pgid), timeout=5, what="the stand-in's process group to die")
@@ -217,3 +220,4 @@ async def test_a_timed_out_drain_is_killed_and_never_acts_afterwards(slurm: Slur
     rows = [(a.what.split(" ", 2)[:2], a.phase, a.outcome) for a in store.audit_log(plan.incident.id)
             if a.what.startswith("scontrol update")]
     assert rows == [(["scontrol", "update"], "before", ""), (["scontrol", "update"], "after", "killed: the step timed out")]
+    await executor.close()

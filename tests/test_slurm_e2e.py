@@ -255,7 +255,8 @@ async def test_an_xid_79_takes_the_node_out_in_slurm_the_job_goes_on_and_a_retur
     # Slurm took node-2 out of the pool, saying which incident, which playbook and who.
     state, reason = d.slurm.node("node-2")
     assert "DRAIN" in state
-    assert reason.startswith(f"gridwatch: incident {incident} (playbook xid-hardware, operator {OPERATOR}): ")
+    assert reason.startswith("xid 79 on node-2")
+    assert reason.endswith(f"(gridwatch incident {incident}, playbook xid-hardware, operator {OPERATOR})")
     assert [d.slurm.drained(n) for n in NODES] == [False, True, False, False]
 
     # Every step that ran is in the audit before and after, the drain with the very argv sent.

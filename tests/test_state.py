@@ -204,3 +204,18 @@ def test_a_nodes_one_cell_reads_the_same_from_its_gpus_as_from_its_aggregate() -
         summary = Summary(node=Text("n1"), gpus=gpus)
         for metric in Metric:
             assert worst_gpu(gpus, metric, xids) == worst_of(aggregate(summary, xids), metric), (metric, gpus, xids)
+
+
+def test_a_query_that_found_nothing_is_not_the_nodes_error() -> None:
+    """RAS not configured on a node answers ras_status with ok=False: a healthy node shows no error for it."""
+    from gridwatch.wire.protocol import ActionResult, Text
+
+    store = StateStore(ManualClock(T0))
+    fill_fleet(store, ["node01"])
+    node = store.by_name("node01")
+    store.apply(ActionResult(id=Text("1"), action=Text("ras_status"), ok=False, node=Text("node01"),
+                             message=Text('asking NCCL\'s RAS service is turned off on this node (ras = "")')), node.key)
+    assert node.last_error is None
+    store.apply(ActionResult(id=Text("2"), action=Text("isolate"), ok=False, node=Text("node01"),
+                             message=Text("not persisted")), node.key)
+    assert node.last_error == "isolate failed: not persisted"

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import psutil
@@ -52,6 +52,12 @@ MAX_REPLIES = 2000
 MAX_REPLY_BYTES = 8 * p.MAX_FRAME_BYTES
 # Actions and searches one session may have running at once.
 MAX_PENDING = 16
+# An isolated node's trainer found in the job again is told to leave at most this often.
+KEEP_OUT_S = 5.0
+# The phases of a trainer that is a member of the job (or about to be): an isolated node's must leave.
+IN_THE_JOB: frozenset[str] = frozenset({p.TrainerPhase.STARTING, p.TrainerPhase.TRAINING, p.TrainerPhase.PAUSED,
+                                        p.TrainerPhase.CHECKPOINTING, p.TrainerPhase.RESTARTING,
+                                        p.TrainerPhase.REFORMING, p.TrainerPhase.JOINING})
 # Search workers running at once on a node, whoever asked.
 MAX_SEARCHES = 2
 # Frames written per wake-up, so one client catching up does not starve others.
@@ -133,6 +139,8 @@ class Agent:
         self.tailer = tailer
         self.metrics = metrics
         self.trainer = trainer
+        self._asked_out_at = float("-inf")  # when an isolated node's trainer was last told to leave again
+        self._background: set[asyncio.Task[Any]] = set()
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
@@ -305,6 +313,22 @@ class Agent:
             outcomes = [g.read_now() for g in guards]
         self._publish_tick(guards, outcomes, t0)
 
+    def _keep_out(self, status: p.TrainerStatus) -> None:
+        """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
+        not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
+        if status.phase not in IN_THE_JOB or self.trainer is None:
+            return
+        now = time.monotonic()
+        if now - self._asked_out_at < KEEP_OUT_S:
+            return
+        self._asked_out_at = now
+        self.log.warning("the node is isolated and its trainer is {} again: told to leave the job", str(status.phase))
+        self.event("trainer_kept_out", f"the node is isolated; its trainer ({status.phase}) was told to leave the job",
+                   severity="warning")
+        task = asyncio.get_running_loop().create_task(self.trainer.control("leave", {}))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _publish_tick(self, guards: list[GuardedSource], outcomes: list[Outcome], t0: float) -> None:
         """One sample from what the sources said, then their events; a source that failed is N/A in it."""
         gpu_samples: list[p.GpuSample] = []
@@ -331,6 +355,8 @@ class Agent:
             events.extend(reading.events)
             lines.extend(reading.lines)
         host.ib = ib_ports  # read by their own source, shown beside the host's NICs
+        if trainer_status is not None and self.isolated:
+            self._keep_out(trainer_status)
         if lines:
             self._send_log_lines(lines)
         stats = p.AgentStats(

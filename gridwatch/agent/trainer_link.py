@@ -19,6 +19,9 @@ from gridwatch.wire import protocol as p
 if TYPE_CHECKING:
     from gridwatch.wire.control import CollectiveRecord
 
+# What a trainer_exit's ``process`` detail says, in words.
+PROCESS_WORDS = {"alive": "its process is still there: frozen", "gone": "its process is gone: it exited or was killed",
+                 "unknown": "its process is not known"}
 VIEWER_DUMP_ENTRIES = 64  # a viewer's read stays small: the newest few steps of every group
 
 
@@ -123,13 +126,27 @@ class TrainerLink:
             return
         if self.attached and now - self._silent_since >= self.grace:
             self.attached = False
-            logger.warning("trainer at {} stopped answering for {:.0f} s: {}", self.socket_path, now - self._silent_since, why)
+            process = self._process()
+            logger.warning("trainer at {} stopped answering for {:.0f} s ({}): {}", self.socket_path,
+                           now - self._silent_since, PROCESS_WORDS[process], why)
             self._events.append(
                 p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
-                        message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s ({why})"))
+                        message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s "
+                                       f"({PROCESS_WORDS[process]}: {why})"),
+                        details={p.Text("process"): p.Text(process)})
             )
             if self.status is not None:
                 self.status.phase = p.TrainerPhase.GONE
+
+    def _process(self) -> str:
+        """Whether the trainer's process is still there: "alive" (frozen: the evidence is about this node),
+        "gone" (it exited or was killed: torchrun restarts it), or "unknown" (it never said its pid)."""
+        from gridwatch.wire.control import pid_alive
+
+        pid = self.status.pid if self.status is not None else None
+        if not pid:
+            return "unknown"
+        return "alive" if pid_alive(pid) else "gone"
 
     def answered(self, status: p.TrainerStatus) -> None:
         """One poll got a status: relay it, and its new events once."""

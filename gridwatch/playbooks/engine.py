@@ -108,9 +108,9 @@ class NodeState:
         return self.reported_isolated or self.removed
 
     @property
-    def live_key(self) -> tuple[bool, bool, bool, str]:
+    def live_key(self) -> tuple[bool, bool, bool, str, bool]:
         """What decides whether job-wide steps go to it: its cached lists change only when this does."""
-        return self.lost, self.out, self.removing > 0, self.job
+        return self.lost, self.out, self.removing > 0, self.job, self.hearsay
 
 
 @dataclass
@@ -217,7 +217,7 @@ class Engine:
             self._frame_ident = ""
             self._touched(node, before)
 
-    def _touched(self, node: NodeState, before: tuple[bool, bool, bool, str]) -> None:
+    def _touched(self, node: NodeState, before: tuple[bool, bool, bool, str, bool]) -> None:
         """``node``'s live_key was ``before``: the cached live lists (and job sizes) follow a change."""
         if node.live_key != before:
             self._live.clear()
@@ -476,7 +476,8 @@ class Engine:
         if cached is None:
             cached = self._live[job] = sorted(
                 n.name for n in self.nodes.values()
-                if not n.lost and not n.out and not n.removing and (not job or not n.job or n.job == job))
+                if not n.lost and not n.out and not n.removing and not n.hearsay  # no agent: nothing to send to
+                and (not job or not n.job or n.job == job))
         return cached
 
     def _job_size(self, job: str) -> int:
@@ -942,10 +943,16 @@ class Engine:
         hearsay = self.nodes.get(incident.node)
         if hearsay is not None and hearsay.hearsay:
             for step in steps:
-                if step.decision == "act" and (step.step in REMOVING_STEPS or step.step == "reset_gpu"):
+                if step.decision != "act":
+                    continue
+                if step.step in REMOVING_STEPS or step.step == "reset_gpu":
                     step.decision = "skip"
                     step.reason = (f"{incident.node} is known only from Prometheus: no gridwatch agent speaks "
                                    f"for it, and no node is taken out on an exporter's word alone")
+                elif step.step == "capture_scene":
+                    # Skipped, not failed: the plan goes on to tell people (notify, Alertmanager).
+                    step.decision = "skip"
+                    step.reason = f"{incident.node} is known only from Prometheus: no gridwatch agent there keeps a scene"
         apply_guards(pb, key, steps, self.ledger, job_size, now)
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)

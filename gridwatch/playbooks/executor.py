@@ -86,6 +86,8 @@ STEP_ACTIONS: dict[str, str] = {
 # The step state while a drain waits for the scheduler's controller, and how its outcome starts.
 PENDING = "pending"
 PENDING_OUTCOME = "controller unreachable, retrying"
+# ... and when the command timed out: the controller may have done it; the node is read before anything more.
+UNKNOWN_OUTCOME = "outcome unknown (the command timed out), reading the node again"
 # A drain step's outcome (state skipped) when no scheduler is configured.
 NO_SCHEDULER = "no scheduler configured"
 # The step being run: its agent actions carry this as their idempotency key (``Action.key``), so an agent
@@ -363,6 +365,10 @@ class Executor:
                 state = "done"
             except TimeoutError:
                 outcome, state = f"timed out after {step.timeout:g}s{audit.killed('the step timed out')}", "failed"
+                if step.step == "drain_node":
+                    # The controller may have taken the drain before the command was killed: not "failed",
+                    # but unknown; the retry reads the node again before it records (or sends) anything.
+                    outcome, state = f"{UNKNOWN_OUTCOME} ({outcome})", PENDING
             except StepPending as exc:
                 outcome, state = f"{PENDING_OUTCOME} ({exc})", PENDING
             except (StepFailed, DrainRefused, OSError, RuntimeError, ValueError) as exc:
@@ -371,7 +377,7 @@ class Executor:
                 STEP_KEY.reset(key)
             self._finish(step, who, why, state, outcome)
             if state == PENDING:
-                self._start_retry(step, incident, who)
+                self._start_retry(step, incident, who, unknown=outcome.startswith(UNKNOWN_OUTCOME))
             if state == "failed" and not step.continue_on_failure:
                 stop_reason = f"step {step.index + 1} ({step.step}) failed: {outcome}"
                 if not escalated:
@@ -440,19 +446,21 @@ class Executor:
         except SchedulerError as exc:
             raise StepFailed(str(exc)) from None
 
-    def _start_retry(self, step: PlannedStep, incident: Incident, who: str) -> None:
-        task = asyncio.create_task(self._keep_draining(step, incident, who), name=f"drain {step.id}")
+    def _start_retry(self, step: PlannedStep, incident: Incident, who: str, unknown: bool = False) -> None:
+        task = asyncio.create_task(self._keep_draining(step, incident, who, unknown), name=f"drain {step.id}")
         self._retrying[step.id] = (step.target, task)
 
-    async def _keep_draining(self, step: PlannedStep, incident: Incident, who: str) -> None:
-        """Try a pending drain again, waiting longer each time, until the controller answers."""
+    async def _keep_draining(self, step: PlannedStep, incident: Incident, who: str, unknown: bool = False) -> None:
+        """Try a pending drain again, waiting longer each time, until the controller answers (each try reads
+        the node first: a drain the controller took from a command that timed out is found, not sent twice)."""
+        said = UNKNOWN_OUTCOME if unknown else PENDING_OUTCOME
         why = f"{incident.playbook}: {incident.summary}"
         failures = 1
         try:
             while True:
                 wait = self.drain_retry.delay(failures)
                 tries = f"tried {failures} time{'s' if failures > 1 else ''}"
-                self.store.set_step(step.id, PENDING, f"{PENDING_OUTCOME} ({tries}; next in {wait:g}s)")
+                self.store.set_step(step.id, PENDING, f"{said} ({tries}; next in {wait:g}s)")
                 due = self.clock.now() + wait
                 while self.clock.now() < due:
                     await asyncio.sleep(self.poll_interval)
@@ -506,8 +514,7 @@ class Executor:
     async def _perform(self, step: PlannedStep, incident: Incident, who: str, audit: _CommandAudit) -> str:
         reason = f"{incident.playbook}: {incident.summary}"
         if step.step in ("notify", "escalate"):
-            return await self.notifier.notify(step, incident, step.message or incident.summary,
-                                              step.step == "escalate")
+            return await self.notifier.notify(step, incident, self._told(step, incident), step.step == "escalate")
         if step.step == "drain_node":
             return await self._drain(step, incident, who, audit)
         if step.step == "wait_for":
@@ -527,6 +534,18 @@ class Executor:
         if failed:
             raise StepFailed("; ".join(failed))
         return f"{action} ok on {len(results)} node{'s' if len(results) != 1 else ''}"
+
+    def _told(self, step: PlannedStep, incident: Incident) -> str:
+        """What a notify says: the playbook's sentence when every step before it (but telling) was done; else
+        what each of them did, so no message claims a node isolated that was not (a guard escalated it)."""
+        said = step.message or incident.summary
+        before = [r for r in self.store.steps(incident.id)
+                  if r.index < step.index and r.step not in ("notify", "escalate", "wait_for")]
+        if all(r.state == "done" for r in before):
+            return said
+        facts = "; ".join(f"{r.step} {r.state}" + (f" ({r.outcome[:120]})" if r.state != "done" and r.outcome else "")
+                          for r in before)
+        return f"{incident.summary}. Steps: {facts}"
 
     async def _act(self, node: str, action: str, args: dict[str, Any], reason: str) -> tuple[str, bool, str]:
         try:

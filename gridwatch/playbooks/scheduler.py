@@ -27,8 +27,9 @@ from gridwatch.playbooks.notify import CommandOutcome, CommandRunner
 from gridwatch.wire.names import node_name_refusal
 from gridwatch.wire.protocol import clean_text
 
-# What marks a drain as gridwatch's own: the start of a Slurm reason, a Kubernetes annotation.
-REASON_PREFIX = "gridwatch:"
+# What marks a drain as gridwatch's own: in a Slurm reason, what follows the fault; a Kubernetes annotation.
+REASON_MARK = " (gridwatch incident "
+OLD_REASON_PREFIX = "gridwatch:"  # how earlier versions began the reason: their drains are ours still
 ANNOTATION = "gridwatch/drain-reason"
 # Slurm keeps the reason whole, but `sinfo -R` and `kubectl describe` show one line: keep it readable.
 REASON_LIMIT = 240
@@ -80,14 +81,22 @@ class Backoff:
 
 
 def drain_reason(incident: str, playbook: str, operator: str, summary: str) -> str:
-    """The reason gridwatch gives the scheduler: ours (the prefix), which incident, which playbook, who, why."""
-    text = f"{REASON_PREFIX} incident {incident} (playbook {playbook}, operator {operator}): {summary}"
-    return " ".join(clean_text(text, REASON_LIMIT).split())
+    """The reason gridwatch gives the scheduler: what is wrong first (``sinfo -R`` shows 20 characters), then
+    that it is ours, which incident, which playbook and who."""
+    what = " ".join(clean_text(summary, 120).split()).replace("(gridwatch", "(")
+    tail = f"{REASON_MARK}{incident}, playbook {playbook}, operator {operator})"
+    return " ".join(clean_text(what[:max(REASON_LIMIT - len(tail), 20)] + tail, REASON_LIMIT + 80).split())
+
+
+def ours(reason: str) -> bool:
+    """Whether a drain reason is one :func:`drain_reason` wrote (or an earlier version did)."""
+    return REASON_MARK.strip() in reason or reason.startswith(OLD_REASON_PREFIX)
 
 
 def incident_of(reason: str) -> str | None:
     """The incident id inside a reason :func:`drain_reason` wrote; None for any other reason."""
-    match = re.match(rf"{re.escape(REASON_PREFIX)} incident (\S+) \(", reason)
+    match = re.search(r"\(gridwatch incident (\S+), playbook ", reason) or re.match(
+        rf"{re.escape(OLD_REASON_PREFIX)} incident (\S+) \(", reason)
     return match.group(1) if match else None
 
 
@@ -145,7 +154,7 @@ class Slurm:
         # DRAIN, DRAINING and DRAINED all show as a DRAIN flag (IDLE+DRAIN, MIXED+DRAIN, DOWN+DRAIN).
         if "DRAIN" not in state.upper():
             return NodeHold(Hold.NONE, state, reason)
-        return NodeHold(Hold.OURS if reason.startswith(REASON_PREFIX) else Hold.FOREIGN, state, reason)
+        return NodeHold(Hold.OURS if ours(reason) else Hold.FOREIGN, state, reason)
 
     def drain_argvs(self, node: str, reason: str) -> list[list[str]]:
         return [["scontrol", "update", f"NodeName={check_node(node)}", "State=DRAIN", f"Reason={reason}"]]

@@ -658,6 +658,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "straggler",
         "trainer_exit",
         "trainer_left",
+        "trainer_kept_out",  # an isolated node's trainer found in the job again, told to leave
         "trainer_restarted",
         "trainer_hang",
         "membership",

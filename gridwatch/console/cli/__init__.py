@@ -11,6 +11,7 @@ import argparse
 import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from gridwatch.wire.exitcodes import EXIT_ERROR
 
@@ -35,8 +36,17 @@ def _version() -> str:
         return "0+unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags: ``demo --headles`` must be an error, not a full demo. Every subcommand's parser
+    is of this class too (argparse makes them of their parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gridwatch",
         description="The on-call console for large GPU training runs.",
     )

@@ -263,4 +263,5 @@ async def _tail_async(args: argparse.Namespace, endpoints: list, key: str, known
         out.flush()
         if record is not None:
             record.close()
-    return EXIT_OK if fleet.links and any(l.hello for l in fleet.links.values()) else EXIT_FAILED
+    # No agent answered at all: the command could not run (2), as every command says when nothing is reachable.
+    return EXIT_OK if fleet.links and any(l.hello for l in fleet.links.values()) else EXIT_ERROR

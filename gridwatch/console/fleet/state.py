@@ -44,6 +44,7 @@ from gridwatch.console.fleet.rows import (
 from gridwatch.playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
 from gridwatch.wire.protocol import (
     STALE_AFTER_INTERVALS,
+    VIEWER_ACTIONS,
     ActionResult,
     Error,
     Event,
@@ -182,8 +183,9 @@ class StateStore:
                 else f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
         elif isinstance(frame, Error):
             node.last_error = f"{frame.code}: {frame.message}" if frame.message else str(frame.code)
-        elif isinstance(frame, ActionResult) and not frame.ok and frame.action != "preflight":
-            # A failed pre-flight is a verdict on the node, kept in ``preflight``, not a link error.
+        elif isinstance(frame, ActionResult) and not frame.ok and frame.action not in VIEWER_ACTIONS:
+            # A query that found nothing (RAS not configured, no trainer records) says nothing wrong of the
+            # node, and a failed pre-flight is a verdict kept in ``preflight``: neither is the node's error.
             node.last_error = f"{frame.action} failed: {frame.message}"
 
     def _apply_hello(self, node: NodeState, hello: Hello) -> None:
