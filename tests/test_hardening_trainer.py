@@ -31,7 +31,7 @@ from gridwatch.trainer.restore import local_candidates, restore_newest
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
 from gridwatch.wire.controlsock import read_status, request
 from gridwatch.wire.protocol import Text, TrainerStatus
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until_sync
 from tests.support_hardening import MODEL, NOBODY, as_nobody, as_root, finished, make_manifest, state
 
 
@@ -393,3 +393,24 @@ def test_the_store_listens_only_where_asked() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("membership", ["coordinator", "torchrun"])
+def test_no_process_of_a_local_run_listens_beyond_loopback(tmp_path: Path, membership: str) -> None:
+    """torchrun's agents host no store of their own (its rendezvous store and the shared TCPStore would
+    listen, unauthenticated, on every interface): every listener of the run is on 127.0.0.1."""
+    from gridwatch.trainer.launch import start_local_run
+    from tests.support_trainer import last, tiny
+
+    cfg = tiny(tmp_path / "run", steps=100_000)
+    run = start_local_run(cfg, ["node-1", "node-2"], membership=membership)
+    try:
+        wait_until_sync(lambda: (last(run).get("step") or 0) >= 5, timeout=90, what="the run to train")
+        tree = [psutil.Process(run.store.pid)] + [psutil.Process(p.pid) for p in run.nodes.values()]
+        procs = [q for t in tree for q in [t, *t.children(recursive=True)]]
+        listening = [(q.name(), c.laddr) for q in procs for c in q.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" for _, addr in listening), listening
+    finally:
+        run.stop()

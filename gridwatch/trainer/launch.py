@@ -3,7 +3,7 @@
 Two ways to keep the job's members (``membership``):
 
 - ``coordinator`` (the default): each node's torchrun only supervises its own
-  worker (``--standalone``, restarting it if it dies); the coordinator beside
+  worker (a one-node rendezvous in the job's store, restarting it if it dies); the coordinator beside
   the store decides who trains in each generation, and a change of members
   re-forms the job in place (:mod:`gridwatch.trainer.membership`).
 - ``torchrun``: TorchElastic's own c10d rendezvous across the nodes; any change
@@ -57,6 +57,9 @@ TUNED_RDZV = {
     "keep_alive_max_attempt": "3",
 }
 DEFAULT_RDZV = {"is_host": "false"}
+# torchrun's rank-0 agent would host a TCPStore for the workers on every interface; the workers use the
+# job's store (gridwatch.trainer.group), so that one is turned off.
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 class LaunchError(ValueError):
@@ -93,19 +96,27 @@ def request_rejoin(run_dir: str | os.PathLike[str], node: str) -> Path:
 
 def torchrun_command(
     cfg: TrainConfig, endpoint: str, min_nodes: int, max_nodes: int, rdzv: str = "tuned",
-    python: str = sys.executable, membership: str = "coordinator",
+    python: str = sys.executable, membership: str = "coordinator", node: str = "$(hostname)", start: str = "$$",
 ) -> list[str]:
+    """torchrun's argv for one node. Its agent never hosts a store: the rendezvous is the job's own store
+    (which listens only where it is told), and with AGENT_ENV torchrun starts no shared store of its own,
+    where either would listen, unauthenticated, on every interface."""
     if membership == "coordinator":
-        # One node's worker, restarted by torchrun if it dies; membership is the coordinator's.
+        # One node's worker, restarted by torchrun if it dies; membership is the coordinator's. A
+        # rendezvous of one node in the job's store stands in for --standalone's own store; its id is new
+        # at each start (``start``), since torchrun closes a rendezvous it finished and a rejoin needs one.
         return [
-            python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
-            "--max-restarts=100", "--monitor-interval=0.2",
+            python, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={cfg.run_id()}-{node}-{start}",
+            "--rdzv-conf=is_host=false", "--max-restarts=100", "--monitor-interval=0.2",
             "-m", "gridwatch.trainer.worker", "--run-dir", str(Path(cfg.run_dir).resolve()),
         ]
     conf = TUNED_RDZV if rdzv == "tuned" else DEFAULT_RDZV
+    # On one machine the ranks' group is hosted on loopback (MASTER_ADDR); on a cluster, on the node's address.
+    local = ["--local-addr=127.0.0.1"] if endpoint.startswith("127.0.0.1:") else []
     return [
         python, "-m", "torch.distributed.run",
-        f"--nnodes={min_nodes}:{max_nodes}", "--nproc-per-node=1",
+        f"--nnodes={min_nodes}:{max_nodes}", "--nproc-per-node=1", *local,
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={cfg.run_id()}",
         "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()),
         "--max-restarts=100",
@@ -141,6 +152,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(AGENT_ENV)
     env.update(extra or {})
     return env
 
@@ -161,8 +173,12 @@ class LocalRun:
         env = {"GRIDWATCH_NODE": name}
         if self.membership == "coordinator":
             env[STORE_ENV] = f"127.0.0.1:{self.port}"
+        argv = self.commands[name]
+        if self.membership == "coordinator":
+            # A fresh one-node rendezvous for each start of the node (see torchrun_command).
+            argv = [f"{a.rsplit('-', 1)[0]}-{secrets.token_hex(4)}" if a.startswith("--rdzv-id=") else a for a in argv]
         self.nodes[name] = subprocess.Popen(
-            self.commands[name], cwd=PROJECT_ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
+            argv, cwd=PROJECT_ROOT, start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT,
             env=_env(env), preexec_fn=_die_with_launcher,
         )
@@ -421,7 +437,8 @@ def start_local_run(
     store, port = _start_store(python, logs / "store.log", coordinator)
     run = LocalRun(cfg=cfg, store=store, port=port, membership=membership)
     for name in names:
-        run.commands[name] = torchrun_command(cfg, f"127.0.0.1:{port}", low, len(names), rdzv, python, membership)
+        run.commands[name] = torchrun_command(cfg, f"127.0.0.1:{port}", low, len(names), rdzv, python, membership,
+                                              node=name)
         run._spawn(name)
     logger.info("run {} started: {} nodes, store on 127.0.0.1:{} ({})", cfg.run_id(), len(names), port, membership)
     return run
@@ -437,10 +454,14 @@ def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host
             f"# on {store_host} (not a training node): the store and the membership coordinator",
             f"python -m gridwatch.trainer.store --host {store_host} --port 29400 --min-nodes {min_nodes} --max-nodes {nodes}",
             "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
-            f"{STORE_ENV}={store_host}:29400 GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
+            f"{STORE_ENV}={store_host}:29400 GRIDWATCH_NODE=$(hostname) {_env_words()}" + " ".join(cmd),
         ])
     return "\n".join([
         f"# on {store_host} (not a training node): python -m gridwatch.trainer.store --host {store_host} --port 29400 --no-coordinator",
         "# on each node, after writing the run's config with `gridwatch train ... --print-torchrun`:",
-        "GRIDWATCH_NODE=$(hostname) " + " ".join(cmd),
+        f"GRIDWATCH_NODE=$(hostname) {_env_words()}" + " ".join(cmd),
     ])
+
+
+def _env_words() -> str:
+    return "".join(f"{k}={v} " for k, v in AGENT_ENV.items())

@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # torchrun's rendezvous made the group; this process lives as long as its membership.
         watchdog = _init_watchdog(cfg, node)
-        dist.init_process_group(backend, timeout=_pg_timeout(cfg, membership=False))
+        _torchrun_group(backend, _pg_timeout(cfg, membership=False))
         watchdog.cancel()
     try:
         return Worker(cfg, node, backend, membership).run()
@@ -712,6 +712,23 @@ def main(argv: list[str] | None = None) -> int:
         logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
         logger.complete()
         os._exit(1)
+
+
+def _torchrun_group(backend: str, timeout: timedelta) -> None:
+    """The process group torchrun's rendezvous named (RANK, WORLD_SIZE, MASTER_ADDR:MASTER_PORT), on a store
+    rank 0 hosts on MASTER_ADDR alone: torch's own (``env://``) would listen, unauthenticated, on every
+    interface."""
+    from gridwatch.trainer.store import listen
+
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == 0:
+        listener = listen(host, port)
+        store = dist.TCPStore(host, port, world, is_master=True, wait_for_workers=False, timeout=timeout,
+                              master_listen_fd=listener.detach())
+    else:
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 if __name__ == "__main__":
