@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -356,7 +356,7 @@ class ConsoleRuntime:
                 if self.engine is not None:
                     for step in plan.steps:
                         self.engine.step_finished(step, "skipped", "read-only console")
-                self._settle(plan.incident.id)
+                self.settle(plan.incident.id)
 
     async def _run_plan(self, plan: Plan) -> None:
         assert self.executor is not None
@@ -364,7 +364,7 @@ class ConsoleRuntime:
             await self.executor.run(plan)
         except Exception:  # noqa: BLE001 - recorded by the executor; one plan never stops the console
             logger.bind(node=str(plan.incident.node)).exception("plan for {} failed", plan.incident.id)
-        self._settle(plan.incident.id)
+        self.settle(plan.incident.id)
 
     def _note_fault(self, plan: Plan) -> None:
         """Keep when the fault came and the job's step then, and start waiting for the job to train past it."""
@@ -433,7 +433,7 @@ class ConsoleRuntime:
                  if n.trainer_step is not None and not n.out and not n.lost and (not job or not n.job or n.job == job)]
         return max(steps) if steps else None
 
-    def _settle(self, incident_id: str) -> None:
+    def settle(self, incident_id: str) -> None:
         """Its plan has nothing left to run (or waits for an operator): from here the job must train past the fault."""
         watch = self._recoveries.get(incident_id)
         if watch is None or watch.settled:
@@ -486,7 +486,7 @@ class ConsoleRuntime:
             if rec.fault_step is not None and rec.recovered_at is None and rec.id not in self._recoveries:
                 incident = self.plan_store.stored_incident(rec.id)
                 self._recoveries[rec.id] = _Recovery(rec.id, incident.job if incident else "", rec.fault_step)
-                self._settle(rec.id)
+                self.settle(rec.id)
 
     # ------------------------------------------------------------ actions out
 
@@ -567,15 +567,15 @@ class ConsoleRuntime:
         refusal = getattr(self.plan_store, "return_refusal", None) if action == "unisolate" else None
         kept_out = refusal(node) if refusal is not None else None
         if kept_out and not force:
-            self._audit(who, f"{action} on {node}", reason, "operator", f"refused: {kept_out}")
+            self.audit(who, f"{action} on {node}", reason, "operator", f"refused: {kept_out}")
             return _refused(node, action, kept_out)
         if kept_out:
-            self._audit(who, f"force {action} on {node}", reason, "operator", f"overrides: {kept_out}")
+            self.audit(who, f"force {action} on {node}", reason, "operator", f"overrides: {kept_out}")
         what = f"{action} on {node}" + (f" {msgspec.json.encode(args).decode()}" if args else "")
         logger.bind(node=node).info("action {} by {}: {}", action, who, reason)
-        self._audit(who, what, reason, "before", "")
+        self.audit(who, what, reason, "before", "")
         result = await self._send(node, action, dict(args or {}), reason)
-        self._audit(who, what, reason, "after", f"{'done' if result.ok else 'failed'}: {result.message}")
+        self.audit(who, what, reason, "after", f"{'done' if result.ok else 'failed'}: {result.message}")
         if result.ok and action == "unisolate" and self.executor is not None:
             try:
                 told = await self.executor.return_to_service(node, who, reason)
@@ -585,7 +585,7 @@ class ConsoleRuntime:
             result = msgspec.structs.replace(result, message=Text(f"{result.message}; scheduler: {told}"))
         return result
 
-    def _audit(self, who: str, what: str, why: str, phase: str, outcome: str) -> None:
+    def audit(self, who: str, what: str, why: str, phase: str, outcome: str) -> None:
         if self.plan_store is None:
             return
         try:
@@ -640,14 +640,21 @@ class ConsoleRuntime:
             # Plans are carried on when (and each time) this console wins the lead: see take_lead.
             from gridwatch.console.runtime.leader import follow
 
-            task = asyncio.get_running_loop().create_task(follow(self, self.election))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.spawn(follow(self, self.election))
         elif self.executor is not None and not self.read_only_flag:
             # Plans a previous console left half-done carry on (steps already run are not repeated).
-            task = asyncio.get_running_loop().create_task(self._resume(self.executor.resume))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.resume_plans()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` beside the runtime; it is awaited (or cancelled) when the runtime stops."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def resume_plans(self) -> None:
+        """Carry on every stored plan with steps left, once the links were tried (a restart, a new lead)."""
+        if self.executor is not None:
+            self.spawn(self._resume(self.executor.resume))
 
     async def _resume(self, resume: Callable[[], Any]) -> None:
         if not self._all_tried():
@@ -662,7 +669,7 @@ class ConsoleRuntime:
             if resumed:
                 logger.info("resumed {} unfinished plans", len(resumed))
             for incident_id in resumed or ():
-                self._settle(incident_id)
+                self.settle(incident_id)
         except Exception:  # noqa: BLE001 - the console keeps going; the log says why
             logger.exception("resuming unfinished plans failed")
 
@@ -749,7 +756,7 @@ class ConsoleRuntime:
         if self.actor is None:
             return "no playbook executor is attached to this console"
         outcome = await self.actor.act(incident_id, self.operator, why)
-        self._settle(incident_id)
+        self.settle(incident_id)
         return outcome
 
     def _check_changes(self, what: str) -> None:

@@ -591,7 +591,7 @@ async def sync_steps(runtime: ConsoleRuntime, election: Election) -> int:
         if record is None or found.state == "running" or (record.state, record.outcome) == (found.state, found.outcome):
             continue
         store.set_step(step_id, found.state, found.outcome)
-        runtime._settle(found.incident)
+        runtime.settle(found.incident)
         changed += 1
     return changed
 
@@ -625,7 +625,7 @@ async def take_over(runtime: ConsoleRuntime, why: str, who: str | None = None) -
     who = who or runtime.operator
     old = election.standing.leader or "no console"
     what = f"take over the lead of {election.cluster} from {old}"
-    runtime._audit(who, what, why, "before", "")
+    runtime.audit(who, what, why, "before", "")
     try:
         await election.take_over()
     except EtcdError as exc:
@@ -635,7 +635,7 @@ async def take_over(runtime: ConsoleRuntime, why: str, who: str | None = None) -
             outcome = f"done: leader (token {election.token}), taken from {old}"
         else:
             outcome = f"failed: {election.standing.leader or 'another console'} took the lead first"
-    runtime._audit(who, what, why, "after", outcome)
+    runtime.audit(who, what, why, "after", outcome)
     logger.info("{} by {}: {} ({})", what, who, outcome, why)
     return f"take over: {outcome}"
 
@@ -646,10 +646,7 @@ async def take_lead(runtime: ConsoleRuntime, election: Election) -> None:
         await sync_steps(runtime, election)
     except EtcdError as exc:
         logger.warning("taking the lead without the last leader's step outcomes: {}", exc)
-    if runtime.executor is not None:
-        task = asyncio.get_running_loop().create_task(runtime._resume(runtime.executor.resume))
-        runtime._tasks.add(task)
-        task.add_done_callback(runtime._tasks.discard)
+    runtime.resume_plans()
 
 
 async def follow(runtime: ConsoleRuntime, election: Election) -> None:

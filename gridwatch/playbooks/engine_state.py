@@ -1,0 +1,359 @@
+"""What the engine knows and the bookkeeping every half of it shares: node states, open incidents and their indexes.
+
+:class:`EngineCore` holds the engine's state and the helpers that open, merge,
+supersede and close incidents and keep the indexes over them; the matching half
+(:mod:`gridwatch.playbooks.engine_match`) and the planning half
+(:mod:`gridwatch.playbooks.engine_plan`) build on it, and
+:class:`gridwatch.playbooks.engine.Engine` joins them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from loguru import logger
+
+from gridwatch.playbooks.clock import Clock
+from gridwatch.playbooks.guards import GuardLedger
+from gridwatch.playbooks.history import FleetHistory
+from gridwatch.playbooks.model import REMOVING_STEPS, ConditionTrigger, Playbook
+from gridwatch.playbooks.plans import Incident, Plan
+from gridwatch.wire.protocol import severity_rank
+
+if TYPE_CHECKING:
+    from gridwatch.playbooks.blame_collectives import CollectiveVerdict
+
+_HISTORY = 1000  # closed incidents kept for the console and replay summaries
+# A collective verdict names the cause of its job's hang incidents that open this long after it: a
+# frozen trainer is reported (trainer_exit) only after the agent's grace, when the records are long read.
+BLAME_FRESH = 60.0
+
+
+@dataclass
+class NodeState:
+    """What the engine knows of one node, keyed by the name its agent reports."""
+
+    name: str
+    endpoint: str = ""
+    interval: float = 1.0  # the heartbeat in force: the hello's tick, or the summaries' cadence while they come
+    hello_interval: float = 1.0
+    last_seen: float = 0.0
+    job: str = ""
+    stack_hash: str = ""
+    reported_isolated: bool = False
+    removed: bool = False  # a removing step of ours succeeded: it is out of the job
+    removing: int = 0  # removing steps planned whose outcome is not in yet (kept off job-wide steps meanwhile)
+    replan: str = ""  # the incident whose removal failed: planned again when the node next reports
+    seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
+    lost: bool = False
+    hearsay: bool = False  # no agent speaks for it: read from Prometheus (never taken out on that word alone)
+    unheard_via: str = ""  # the relay carrying it is down: its silence is the relay's, no evidence about it
+    excused_at: float = float("-inf")  # silence before this is not held against it (its relay was down)
+    trainer_step: int | None = None
+    checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
+    members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
+    boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run
+    last_ident: str = ""  # identity of the last frame it sent (what a lost heartbeat is named after)
+    hello_ident: str = ""  # identity of its last hello (what a stack mismatch is named after)
+
+    @property
+    def out(self) -> bool:
+        return self.reported_isolated or self.removed
+
+    @property
+    def live_key(self) -> tuple[bool, bool, bool, str, bool]:
+        """What decides whether job-wide steps go to it: its cached lists change only when this does."""
+        return self.lost, self.out, self.removing > 0, self.job, self.hearsay
+
+
+@dataclass
+class _Symptom:
+    node: str
+    gpu: int | None
+    summary: str
+    details: dict[str, str] = field(default_factory=dict)
+    ident: str = ""  # the identity of the frame behind it (see Engine._identity)
+    code: int | None = None  # the XID code, for the repeat rule (same XID, same scope)
+
+
+class EngineCore:
+    """The engine's state and the incident bookkeeping its matching and planning halves share."""
+
+    def __init__(self, playbooks: Iterable[Playbook], clock: Clock) -> None:
+        self.clock = clock
+        self.playbooks: tuple[Playbook, ...] = tuple(playbooks)
+        self.nodes: dict[str, NodeState] = {}
+        self._names: dict[str, str] = {}  # endpoint -> node name
+        self._open: dict[tuple[str, str], Incident] = {}  # (playbook, scope key) -> open incident
+        # Indexes over _open, kept by _add_open/_drop_open, so no frame or plan walks every open incident:
+        self._open_keys: dict[str, tuple[str, str]] = {}  # incident id -> its key in _open
+        self._on_node: dict[str, set[str]] = {}  # node -> ids of open incidents acting on it
+        self._live: dict[str, list[str]] = {}  # job -> live_nodes(job), dropped when a node's live_key changes
+        self._sizes: dict[str, int] | None = None  # job -> its nodes (node add or job change drops it)
+        self._planned: dict[str, int] = {}  # incident id -> steps planned for it so far (a re-plan goes on from there)
+        self._replans: dict[str, int] = {}  # incident id -> times a failed removal was planned again
+        self._pending: dict[str, float] = {}  # incident id -> when to plan it
+        self._by_id: dict[str, Incident] = {}
+        self._closed: deque[Incident] = deque(maxlen=_HISTORY)
+        self._counts: dict[tuple[str, str], deque[tuple[float, str]]] = {}  # reports counted: (time, distinct mark)
+        # metric condition true since (console time, identity of the first sample it held in)
+        self._holds: dict[tuple[str, str, int | None], tuple[float, str]] = {}
+        self._latched: set[tuple[str, str, str]] = set()  # (playbook, node, why) fired and still true
+        # Silence before this moment is no evidence about a node: the console itself was stalled then.
+        self._awake_since = float("-inf")
+        self.ledger = GuardLedger()
+        self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
+        self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
+        # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
+        self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
+        self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
+        # (playbook, scope key, XID code) -> when a plan of it let its ``repeat.after`` step act
+        self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
+        self.history = FleetHistory()  # every node's and GPU's incidents, remediations and verdicts
+        self._verdicts: dict[str, tuple[float, CollectiveVerdict]] = {}  # job -> (when, newest verdict with a culprit)
+        # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
+        self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
+        self._heartbeat_cache: tuple[tuple[Playbook, ...], list[tuple[Playbook, ConditionTrigger]]] | None = None
+
+    def _touched(self, node: NodeState, before: tuple[bool, bool, bool, str, bool]) -> None:
+        """``node``'s live_key was ``before``: the cached live lists (and job sizes) follow a change."""
+        if node.live_key != before:
+            self._live.clear()
+            if node.job != before[3]:
+                self._sizes = None
+
+    # ------------------------------------------------------------------ blame
+
+    def _standing_verdict(self, pb: Playbook, job: str, now: float) -> CollectiveVerdict | None:
+        if not pb.blame:
+            return None
+        kept = self._verdicts.get(job)
+        if kept is None or now - kept[0] > BLAME_FRESH:
+            return None
+        return kept[1]
+
+    def _blamed_nodes(self, verdict: CollectiveVerdict) -> list[str]:
+        return [n for n in verdict.nodes if n in self.nodes] or verdict.nodes
+
+    def _apply_blame(self, incident: Incident, pb: Playbook, verdict: CollectiveVerdict, now: float,
+                     act_on: bool) -> None:
+        incident.blamed = self._blamed_nodes(verdict)
+        incident.blame_why = verdict.summary
+        incident.notes.append(f"{now:.3f} collective records: {verdict.summary}")
+        if pb.blame and act_on:
+            self._act_on(incident, incident.blamed[0])
+            incident.summary = verdict.summary
+
+    # ------------------------------------------------------------------ nodes
+
+    def _live_nodes(self, job: str) -> list[str]:
+        cached = self._live.get(job)
+        if cached is None:
+            cached = self._live[job] = sorted(
+                n.name for n in self.nodes.values()
+                if not n.lost and not n.out and not n.removing and not n.hearsay  # no agent: nothing to send to
+                and (not job or not n.job or n.job == job))
+        return cached
+
+    def _job_size(self, job: str) -> int:
+        """How many nodes a plan for ``job`` counts against the blast radius (those of no known job too)."""
+        if self._sizes is None:
+            sizes: dict[str, int] = {}
+            for n in self.nodes.values():
+                sizes[n.job] = sizes.get(n.job, 0) + 1
+            self._sizes = sizes
+        return (self._sizes.get(job, 0) + self._sizes.get("", 0)) if job else len(self.nodes)
+
+    def _heartbeat_books(self) -> list[tuple[Playbook, ConditionTrigger]]:
+        """The heartbeat playbooks, picked once per set of playbooks (a tick and every frame ask)."""
+        cached = self._heartbeat_cache
+        if cached is None or cached[0] is not self.playbooks:
+            books = [(pb, pb.trigger) for pb in self.playbooks
+                     if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
+            cached = self._heartbeat_cache = (self.playbooks, books)
+        return cached[1]
+
+    def _open_on(self, name: str) -> list[Incident]:
+        """The open incidents acting on node ``name``, from the index (never a walk of every open incident)."""
+        found = []
+        for incident_id in self._on_node.get(name, ()):
+            incident = self._by_id.get(incident_id)
+            if incident is not None and incident.node == name and incident_id in self._open_keys:
+                found.append(incident)
+        return found
+
+    def _add_open(self, key: tuple[str, str], incident: Incident) -> None:
+        self._open[key] = incident
+        self._open_keys[incident.id] = key
+        self._on_node.setdefault(incident.node, set()).add(incident.id)
+
+    def _drop_open(self, incident: Incident) -> tuple[str, str] | None:
+        key = self._open_keys.pop(incident.id, None)
+        if key is not None:
+            self._open.pop(key, None)
+        for name in {incident.node, *incident.blamed}:
+            ids = self._on_node.get(name)
+            if ids is not None:
+                ids.discard(incident.id)
+                if not ids:
+                    del self._on_node[name]
+        return key
+
+    def _act_on(self, incident: Incident, name: str) -> None:
+        """The incident acts on ``name`` from now on (blame or a cause found): the node index follows."""
+        self._on_node.get(incident.node, set()).discard(incident.id)
+        incident.node = name
+        if incident.id in self._open_keys:
+            self._on_node.setdefault(name, set()).add(incident.id)
+
+    def _target(self, pb: Playbook, symptom: _Symptom) -> str | None:
+        """The node a symptom is about: its reporter, or the node a ``detail:`` target names (None if unknown).
+
+        Every rank reports a straggler, naming the slow one; falling back to the
+        reporter would blame the healthy nodes that noticed it.
+        """
+        if not pb.target.startswith("detail:"):
+            return symptom.node
+        named = symptom.details.get(pb.target.split(":", 1)[1], "")
+        return named if named in self.nodes else None
+
+    # -------------------------------------------------------------- incidents
+
+    def _playbook(self, name: str) -> Playbook | None:
+        return next((pb for pb in self.playbooks if pb.name == name), None)
+
+    def _new_id(self, base: str) -> str:
+        """``base``, or ``base-2``, ``base-3``... when an incident opened from the same frame holds it."""
+        taken = self._by_id  # every incident this engine made or took back, open or closed
+        if base not in taken:
+            return base
+        n = 2
+        while f"{base}-{n}" in taken:
+            n += 1
+        return f"{base}-{n}"
+
+    def _scope_key(self, pb: Playbook, symptom: _Symptom) -> str:
+        node = self.nodes.get(symptom.node)
+        if pb.scope == "job":
+            return f"job:{node.job}" if node and node.job else "job"
+        if pb.scope == "gpu" and symptom.gpu is not None:
+            return f"{symptom.node}/gpu{symptom.gpu}"
+        return symptom.node
+
+    def _cause_for(self, node: str) -> Incident | None:
+        """The oldest open node-fault incident acting on ``node`` (any playbook)."""
+        causes = [i for i in self._open_on(node) if i.state in ("open", "pending")
+                  and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
+        return min(causes, key=lambda i: i.opened_at) if causes else None
+
+    def _merge(self, incident: Incident, symptom: _Symptom, now: float, why: str) -> None:
+        incident.symptoms += 1
+        incident.last_seen_at = now
+        if symptom.node not in incident.reporters:
+            incident.reporters.append(symptom.node)
+        if why:
+            incident.notes.append(f"{now:.3f} {why}")
+
+    def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
+        target = self._target(pb, symptom) or symptom.node
+        reporter = self.nodes.get(symptom.node)
+        standing = self._standing_verdict(pb, reporter.job if reporter else "", now)
+        if standing is not None:
+            target = self._blamed_nodes(standing)[0]  # the records name the cause: not the reporter
+        superseded: Incident | None = None
+        state = self.nodes.get(target)
+        removes = pb.removes_nodes or (standing is not None and any(s.action in REMOVING_STEPS for s in pb.blame_plan))
+        if removes and pb.target != "cause":
+            cause = self._cause_for(target)
+            if state is not None and state.out:
+                # Already out of the job: its later errors need no new plan.
+                if cause is not None:
+                    self._merge(cause, symptom, now, "")
+                return []
+            if cause is not None and cause.playbook != pb.name:
+                if cause.kind == "heartbeat_lost" and pb.kind != "heartbeat_lost":
+                    # Silence is no evidence of this fault: it gets its own capture and removal.
+                    superseded = cause
+                elif severity_rank(cause.severity) >= severity_rank(pb.severity):
+                    self._merge(cause, symptom, now, f"also {pb.name}: {symptom.summary}")
+                    return []
+                # A worse fault on the node: its own plan must run, and the
+                # milder incident (maybe still waiting for an operator) ends here.
+                superseded = cause
+        if pb.target == "cause":
+            cause = self._newest_node_fault(now, pb.dedup_window, pb.severity)
+            if cause is not None and (standing is None or cause.node == target):
+                self._merge(cause, symptom, now, f"symptom {pb.name} from {symptom.node} attributed to this fault")
+                return []
+        key = self._scope_key(pb, _Symptom(target, symptom.gpu, ""))
+        incident = self._open.get((pb.name, key))
+        if incident is not None:
+            self._merge(incident, symptom, now, "")
+            return []
+        node_state = self.nodes.get(symptom.node)
+        if target != symptom.node:
+            symptom.summary += f" (acting on {target})"
+        ident = symptom.ident or self._frame_ident or str(int(now))
+        incident = Incident(
+            id=self._new_id(f"{pb.name}:{key}:{ident}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
+            scope=pb.scope, node=target, gpu=symptom.gpu if pb.scope == "gpu" else None,
+            job=node_state.job if node_state else "", summary=symptom.summary, opened_at=now,
+            last_seen_at=now, reporters=[symptom.node], state="pending" if pb.settle else "open",
+        )
+        if symptom.details.get("step", "").isdigit():
+            incident.symptom_step = int(symptom.details["step"])
+            incident.notes.append(f"{now:.3f} first symptom at training step {incident.symptom_step}")
+        self._add_open((pb.name, key), incident)
+        self._by_id[incident.id] = incident
+        if symptom.code is not None:
+            self._codes[incident.id] = symptom.code
+        logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
+        if superseded is not None:
+            self._supersede(superseded, incident, now)
+        if standing is not None:
+            self._apply_blame(incident, pb, standing, now, act_on=True)
+        if pb.settle and standing is None:  # blamed already: nothing left to wait for
+            self._pending[incident.id] = now + pb.settle
+            return []
+        plan = self._plan(incident, now)
+        return [plan] if plan else []
+
+    def _supersede(self, old: Incident, new: Incident, now: float) -> None:
+        """``new`` (a more severe fault on the same node) takes over ``old`` and its symptoms."""
+        self._pending.pop(old.id, None)
+        new.symptoms += old.symptoms
+        new.reporters = sorted(set(new.reporters) | set(old.reporters))
+        new.supersedes.append(old.id)
+        new.notes.append(f"{now:.3f} took over {old.id} ({old.severity} {old.playbook}): a more severe fault")
+        old.merged_into = new.id
+        old.state = "merged"
+        self._close(old, now, f"superseded by {new.id} ({new.severity} {new.playbook}); its plan stops here")
+
+    def _newest_node_fault(self, now: float, lookback: float, at_least: str) -> Incident | None:
+        """The newest node fault that can explain a job-wide symptom of severity ``at_least``.
+
+        A milder incident (a straggler waiting for an operator) never swallows a
+        worse symptom: the symptom's own plan finds its cause instead.
+        """
+        faults = [i for i in self._open.values()
+                  if i.state in ("open", "pending") and now - i.opened_at <= lookback
+                  and severity_rank(i.severity) >= severity_rank(at_least)
+                  and (pb := self._playbook(i.playbook)) is not None and pb.removes_nodes]
+        return max(faults, key=lambda i: i.opened_at) if faults else None
+
+    def _close(self, incident: Incident, now: float, why: str) -> None:
+        self._drop_open(incident)
+        if incident.state != "merged":
+            incident.state = "closed"
+        incident.closed_at = now
+        incident.notes.append(f"{now:.3f} {why}")
+        self._closed.append(incident)
+
+    # ------------------------------------------------------------------ plans
+
+    def _plan(self, incident: Incident, now: float) -> Plan | None:
+        # Defined by the planning half (engine_plan.Planning); declared here because opening an incident plans it.
+        raise NotImplementedError
