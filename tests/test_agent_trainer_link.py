@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
@@ -114,6 +115,9 @@ def test_a_silent_trainer_says_whether_its_process_is_still_there():
             link.unanswered("no trainer is listening")
         (event,) = link.take_events()
         assert event.kind == "trainer_exit" and event.details["process"] == process, (pid, event)
+        # Told after the 5 s grace, at 7 s; the fault began at the first silent poll, 6 s before that.
+        event.ts = time.time()
+        assert abs((event.ts - p.fault_time(event)) - 6.0) < 1.0
 
 
 async def test_an_isolated_nodes_trainer_back_in_the_job_is_told_to_leave_again(keys, tmp_path):
@@ -135,3 +139,4 @@ async def test_an_isolated_nodes_trainer_back_in_the_job_is_told_to_leave_again(
         await stop_agent(ra)
         for server in list(job.servers.values()):
             server.stop()
+

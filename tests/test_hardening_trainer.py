@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -273,15 +272,6 @@ def test_a_fresh_run_in_the_same_dir_gives_back_the_old_tier0(tmp_path: Path) ->
 # ------------------------------------------------------------- item 15: control socket
 
 
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A directory another local user may reach (tmp_path's parents are closed to others)."""
-    d = Path(tempfile.mkdtemp(prefix="gw-ctl-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def _status() -> TrainerStatus:
     return TrainerStatus(phase=Text("training"), step=7, node=Text("node-1"))
 
@@ -303,12 +293,12 @@ def _talk(path: str, lines: list[bytes]) -> Callable[[], bytes]:
     return talk
 
 
-def test_the_socket_is_owner_only_or_group_whatever_the_umask(sock_dir: Path) -> None:
+def test_the_socket_is_owner_only_or_group_whatever_the_umask(open_dir: Path) -> None:
     old = os.umask(0o002)
     try:
-        owner = ControlServer(str(sock_dir / "control" / "a.sock"), _status)
+        owner = ControlServer(str(open_dir / "control" / "a.sock"), _status)
         owner.start()
-        group = ControlServer(str(sock_dir / "control" / "b.sock"), _status, group=grp.getgrgid(NOBODY).gr_name)
+        group = ControlServer(str(open_dir / "control" / "b.sock"), _status, group=grp.getgrgid(NOBODY).gr_name)
         group.start()
     finally:
         os.umask(old)
@@ -316,8 +306,8 @@ def test_the_socket_is_owner_only_or_group_whatever_the_umask(sock_dir: Path) ->
         assert stat.S_IMODE(os.stat(owner.path).st_mode) == 0o600
         st = os.stat(group.path)
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == NOBODY
-        assert stat.S_IMODE((sock_dir / "control").stat().st_mode) == 0o700
-        assert [p.name for p in (sock_dir / "control").iterdir() if p.name.startswith(".")] == []
+        assert stat.S_IMODE((open_dir / "control").stat().st_mode) == 0o700
+        assert [p.name for p in (open_dir / "control").iterdir() if p.name.startswith(".")] == []
         assert asyncio.run(read_status(owner.path)).step == 7
     finally:
         owner.stop()
@@ -325,11 +315,11 @@ def test_the_socket_is_owner_only_or_group_whatever_the_umask(sock_dir: Path) ->
 
 
 @as_root
-def test_nobody_is_refused_even_when_the_socket_mode_lets_it_in(sock_dir: Path, logs: list[str]) -> None:
-    server = ControlServer(str(sock_dir / "control" / "node-1.sock"), _status, node="node-1")
+def test_nobody_is_refused_even_when_the_socket_mode_lets_it_in(open_dir: Path, logs: list[str]) -> None:
+    server = ControlServer(str(open_dir / "control" / "node-1.sock"), _status, node="node-1")
     server.start()
     try:
-        (sock_dir / "control").chmod(0o755)
+        (open_dir / "control").chmod(0o755)
         os.chmod(server.path, 0o777)  # what a loose umask used to give
         got = as_nobody(_talk(server.path, [b'{"cmd": "pause"}\n', b'{"cmd": "status"}\n'])).splitlines()
         assert len(got) == 2 and all(b'"ok":false' in line and b"refused" in line for line in got), got
@@ -345,14 +335,14 @@ def test_nobody_is_refused_even_when_the_socket_mode_lets_it_in(sock_dir: Path, 
 
 
 @as_root
-def test_a_member_of_the_control_group_gets_in(sock_dir: Path) -> None:
-    server = ControlServer(str(sock_dir / "control" / "node-1.sock"), _status, group=grp.getgrgid(NOBODY).gr_name)
+def test_a_member_of_the_control_group_gets_in(open_dir: Path) -> None:
+    server = ControlServer(str(open_dir / "control" / "node-1.sock"), _status, group=grp.getgrgid(NOBODY).gr_name)
     server.start()
     try:
         got = as_nobody(_talk(server.path, [b'{"cmd": "status"}\n']), gid=NOBODY)
         assert b'"ok":true' in got and b'"step":7' in got
         # Not in the group: refused, even with the file system open to it.
-        (sock_dir / "control").chmod(0o755)
+        (open_dir / "control").chmod(0o755)
         os.chmod(server.path, 0o777)
         got = as_nobody(_talk(server.path, [b'{"cmd": "status"}\n']), gid=0)
         assert b"refused" in got

@@ -52,6 +52,8 @@ MAX_REPLIES = 2000
 MAX_REPLY_BYTES = 8 * p.MAX_FRAME_BYTES
 # Actions and searches one session may have running at once.
 MAX_PENDING = 16
+# NVML and the kernel log report one XID each; within this many seconds on one GPU they are one event.
+XID_FOLD_S = 10.0
 # An isolated node's trainer found in the job again is told to leave at most this often.
 KEEP_OUT_S = 5.0
 # The phases of a trainer that is a member of the job (or about to be): an isolated node's must leave.
@@ -140,6 +142,8 @@ class Agent:
         self.metrics = metrics
         self.trainer = trainer
         self._asked_out_at = float("-inf")  # when an isolated node's trainer was last told to leave again
+        self._xids_told: dict[tuple[int | None, int], tuple[float, str]] = {}  # (gpu, code) -> (when, source)
+        self.folded_xids = 0  # XIDs a second source reported within XID_FOLD_S of the first
         self._background: set[asyncio.Task[Any]] = set()
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
@@ -313,6 +317,32 @@ class Agent:
             outcomes = [g.read_now() for g in guards]
         self._publish_tick(guards, outcomes, t0)
 
+    def _told_already(self, ev: p.Event) -> bool:
+        """An XID another source of this node reported moments ago (NVML's event and the driver's kernel log
+        line are one fault): one event, not two; the second is counted on the agent, not sent."""
+        if ev.kind != "xid" or ev.code is None:
+            return False
+        gpu = ev.gpu if ev.gpu is not None else self._gpu_at(str(ev.details.get("pci_bus_id", "")))
+        now, source = time.monotonic(), str(ev.source)
+        seen = self._xids_told.get((gpu, ev.code))
+        if seen is not None and seen[1] != source and now - seen[0] <= XID_FOLD_S:
+            self.folded_xids += 1
+            self.log.debug("XID {} on gpu {} from {} folded into the one {} reported", ev.code, gpu, source, seen[1])
+            return True
+        if len(self._xids_told) > 4096:  # bounded: old entries fold nothing
+            self._xids_told = {k: v for k, v in self._xids_told.items() if now - v[0] <= XID_FOLD_S}
+        self._xids_told[(gpu, ev.code)] = (now, source)
+        return False
+
+    def _gpu_at(self, bus: str) -> int | None:
+        """The index of the GPU at PCI address ``bus`` (as the kernel names it), None when unknown."""
+        if not bus:
+            return None
+        from gridwatch.agent.sources.pci import pci_key
+
+        key = pci_key(bus)
+        return next((i.index for i in self.gpu_info if pci_key(str(i.pci_bus_id or "")) == key), None)
+
     def _keep_out(self, status: p.TrainerStatus) -> None:
         """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
         not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
@@ -378,6 +408,8 @@ class Agent:
         if self.watcher:
             self._report_watches(gpu_samples, sample.ts)
         for ev in events:
+            if self._told_already(ev):
+                continue
             self.publish(ev)
             if self.metrics is not None:
                 self.metrics.record_event(ev)

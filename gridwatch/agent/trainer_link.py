@@ -133,7 +133,9 @@ class TrainerLink:
                 p.Event(kind=p.Text("trainer_exit"), severity=p.Text("error"), source=p.Text("trainer"),
                         message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s "
                                        f"({PROCESS_WORDS[process]}: {why})"),
-                        details={p.Text("process"): p.Text(process)})
+                        details={p.Text("process"): p.Text(process),
+                                 # It began to fail when it went silent, not when the grace ran out.
+                                 p.Text(p.FAULT_AT): p.Text(f"{time.time() - (now - self._silent_since):.3f}")})
             )
             if self.status is not None:
                 self.status.phase = p.TrainerPhase.GONE

@@ -422,6 +422,21 @@ def summarize(sample: Sample) -> Summary:
     )
 
 
+# An event's detail: the node's time the fault began (epoch seconds), when the event is told later than
+# that (a trainer reported gone only after its grace). The console measures detection from it.
+FAULT_AT = "fault_at"
+
+
+def fault_time(event: Event) -> float:
+    """When the fault behind ``event`` began on the node's clock: its ``fault_at`` detail when it holds a
+    time no later than the event's own, else the event's time."""
+    try:
+        at = float(str(event.details.get(FAULT_AT, "")))
+    except ValueError:
+        return event.ts
+    return at if 0 < at <= event.ts else event.ts
+
+
 class Event(Frame, tag="event"):
     """Something happened: an XID, an ECC error, an NCCL timeout, an action taken.
 

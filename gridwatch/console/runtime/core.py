@@ -30,7 +30,7 @@ from gridwatch.console.runtime.collector import CollectorBaseline
 from gridwatch.console.runtime.hangs import HangWatch
 from gridwatch.console.runtime.incidents import IncidentActor, IncidentBackend, IncidentRow, StoreIncidents
 from gridwatch.playbooks.model import MetricTrigger
-from gridwatch.wire.protocol import ActionResult, Event, Frame, LogLine, ResultCode, Sample, Summary, Text
+from gridwatch.wire.protocol import ActionResult, Event, Frame, LogLine, ResultCode, Sample, Summary, Text, fault_time
 
 if TYPE_CHECKING:
     from gridwatch.console.fleet.prometheus import PrometheusFleet
@@ -204,7 +204,9 @@ class ConsoleRuntime:
                 logger.bind(node=key).exception("playbook engine failed on a frame")
                 plans = []
             if symptom:
-                self._symptoms.append((before, self.engine.clock.now(), frame.ts))
+                # The fault's own time: a trainer told gone after its grace began to fail when it went silent.
+                ts = fault_time(frame) if isinstance(frame, Event) else frame.ts
+                self._symptoms.append((before, self.engine.clock.now(), ts))
                 self.hangs.on_frame(str(frame.node) or str(link.name), frame)
             if plans:
                 self._launch(plans)
