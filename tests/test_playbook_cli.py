@@ -13,6 +13,7 @@ import pytest
 from gridwatch.console.cli import main
 from gridwatch.playbooks.notify import DefaultNotifier
 from gridwatch.playbooks.plans import Incident, PlannedStep
+from tests.support_cli import run_cli
 
 
 def test_dry_run_prints_targets_and_decisions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,3 +91,18 @@ async def test_command_channel_passes_each_argument_whole(tmp_path: Path) -> Non
     assert await DefaultNotifier().notify(step, _incident(), hostile, False) == f"{sys.executable} exited 0"
     assert json.loads(out.read_text()) == [str(out), "node3", hostile]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_check_refuses_a_playbook_that_takes_a_shipped_name_without_replaces(tmp_path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: xid-hardware\ntrigger: {event: xid}\nplan: [notify]\n")
+    out = run_cli("playbook", "check", str(mine))
+    assert out.returncode == 1 and "add 'replaces: xid-hardware'" in out.stdout
+    mine.write_text("name: xid-hardware\nreplaces: xid-hardware\ntrigger: {event: xid}\nplan: [notify]\n")
+    assert run_cli("playbook", "check", str(mine)).returncode == 0
+
+
+def test_list_shows_every_path_that_acts_the_records_plan_too() -> None:
+    out = run_cli("playbook", "list")
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("trainer-unresponsive"))
+    assert "on blame: capture_scene -> isolate_node -> notify" in line

@@ -264,7 +264,10 @@ def test_a_node_is_out_only_once_its_removal_is_done_and_a_failed_one_is_planned
     assert not engine.nodes["node1"].out and "node1" not in engine.live_nodes()  # being removed: off job steps
     _finish(engine, plans[0], "failed")  # "not connected": the isolation did not happen
     assert not engine.nodes["node1"].out
-    # The next XID on it is not swallowed as "already out": the node reports again, the plan is made anew.
+    # The next XID on it is not swallowed as "already out": the node reports again, the plan is made anew
+    # (not at its very next frame: a link that was just down gets REPLAN_AFTER_S first).
+    assert engine.observe("10.0.0.1:2222", Sample(node="node1", ts=clock.now())) == []
+    clock.advance(10.0)
     again = engine.observe("10.0.0.1:2222", Sample(node="node1", ts=clock.now()))
     assert [p.incident.id for p in again] == [plans[0].incident.id]
     assert [s.index for s in again[0].steps] == [3, 4, 5]  # new step ids after the first plan's
@@ -288,3 +291,42 @@ def test_a_hardware_fault_after_a_heartbeat_loss_gets_its_own_capture_and_isolat
     assert [p.incident.playbook for p in plans] == ["hw"]
     assert [s.step for s in plans[0].steps if s.decision == "act"] == ["capture_scene", "isolate_node", "notify"]
     assert hb[0].incident.id in plans[0].incident.supersedes
+
+
+def test_a_removal_that_will_not_happen_gives_its_node_back_to_job_wide_steps() -> None:
+    """A drain skipped (no scheduler), a step declined or skipped as recovered: the node is in the job again."""
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks(_HW_AND_HB), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    (plan,) = engine.observe("10.0.0.1:2222", Event(node="node1", kind="xid", code=79, gpu=0, ts=clock.now()))
+    assert "node1" not in engine.live_nodes()
+    isolate = next(s for s in plan.steps if s.step == "isolate_node")
+    engine.step_finished(isolate, "skipped", "declined")
+    engine.step_finished(isolate, "skipped", "told twice")  # a second telling changes nothing
+    assert "node1" in engine.live_nodes() and engine.nodes["node1"].removing == 0
+    # One never told at all stops counting after REMOVAL_MAX_S.
+    (plan2,) = engine.observe("10.0.0.2:2222", Event(node="node2", kind="xid", code=79, gpu=0, ts=clock.now()))
+    assert "node2" not in engine.live_nodes()
+    clock.advance(901.0)
+    for name in ("node1", "node2", "node3"):
+        engine.observe(f"10.0.0.{name[-1]}:2222", Sample(node=name, ts=clock.now()))
+    engine.tick()
+    assert "node2" in engine.live_nodes()
+
+
+def test_a_node_that_sends_one_frame_and_goes_silent_again_is_planned_again() -> None:
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks(_HW_AND_HB), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    clock.advance(3.5)
+    for name in ("node1", "node2"):
+        engine.observe(f"10.0.0.{name[-1]}:2222", Sample(node=name, ts=clock.now()))
+    (first,) = engine.tick()
+    engine.observe("10.0.0.3:2222", Sample(node="node3", ts=clock.now()))  # one stray frame ...
+    assert engine.no_longer_holds(first.incident.id) is not None
+    clock.advance(3.5)  # ... and silence again
+    for name in ("node1", "node2"):
+        engine.observe(f"10.0.0.{name[-1]}:2222", Sample(node=name, ts=clock.now()))
+    (again,) = engine.tick()
+    assert again.incident.id == first.incident.id and engine.no_longer_holds(first.incident.id) is None
+    assert [s.step for s in again.steps] == ["notify", "isolate_node"]

@@ -346,8 +346,8 @@ class Agent:
     def _keep_out(self, status: p.TrainerStatus) -> None:
         """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
         not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
-        if status.phase not in IN_THE_JOB or self.trainer is None:
-            return
+        if status.phase not in IN_THE_JOB or self.trainer is None or self.trainer.leaving:
+            return  # leaving already (told when the node was isolated): not told again
         now = time.monotonic()
         if now - self._asked_out_at < KEEP_OUT_S:
             return
@@ -529,9 +529,11 @@ class Agent:
             client.wake.set()
             return None
         if isinstance(frame, (p.Search, p.Action)):
-            # Behind a relay, the console it forwards for: never more than the relay's own role.
-            caller = client.caller if frame.behalf is None else client.caller.behind(str(frame.behalf.key),
-                                                                                     str(frame.behalf.role))
+            # Behind a relay, the console it forwards for: never more than the relay's own role. Taken from an
+            # operator's key only (a relay's is one): a viewer could otherwise mint a budget per request.
+            relayed = frame.behalf is not None and client.caller.role == "operator"
+            caller = client.caller.behind(str(frame.behalf.key), str(frame.behalf.role)) \
+                if relayed and frame.behalf is not None else client.caller
         if isinstance(frame, p.Search):
             refusal = self._admit(client, caller, "search")
             if refusal is not None:

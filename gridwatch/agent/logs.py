@@ -36,10 +36,14 @@ _KMSG_RECORD = 8192
 LogEntry = tuple[str, str, float]  # (source, line, ts)
 
 
+# Owners up to this uid are system accounts (Debian's SYS_UID_MAX): rsyslog writes kern.log as "syslog".
+SYSTEM_UID_MAX = 999
+
+
 def others_may_write(st: os.stat_result) -> str | None:
     """Why a file or directory with this status is writable by someone other than root and this process
     (None when it is not): what such a file says cannot be evidence about the node."""
-    if st.st_uid not in (0, os.geteuid()):
+    if st.st_uid not in (0, os.geteuid()) and st.st_uid > SYSTEM_UID_MAX:
         return f"owned by uid {st.st_uid}"
     if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0):
         return f"writable by every local user (mode {stat.S_IMODE(st.st_mode):04o})"
@@ -178,7 +182,7 @@ def _open_kernel_log(paths: Iterable[str], from_end: bool) -> _KernelLog | _File
                 return _KernelLog(path)
             except OSError:
                 continue
-        tail = _FileTail(path)
+        tail = _FileTail(path, kernel=True)  # trusted only while no one but root or a system account can write it
         if tail.open(from_end):
             return tail
     logger.debug("no readable kernel log; XIDs come from NVML events only")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,10 +69,13 @@ def _load(paths: list[str] | None) -> tuple[Playbook, ...] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gridwatch.playbooks.loader import load, playbook_files
+    from gridwatch.playbooks.loader import load, load_builtin, playbook_files, shadowing_errors
 
     missing = [f for f in args.files if not Path(f).exists()]
     result = load([f for f in args.files if Path(f).exists()])
+    # What the console would refuse, refused here too: a shipped playbook's name taken without replaces:.
+    shadowed = shadowing_errors(result.playbooks, {pb.name: pb for pb in load_builtin()})
+    result = dataclasses.replace(result, errors=(*result.errors, *shadowed)) if shadowed else result
     for error in result.errors:
         print(error)
     for problem in [*(f"{f}: no such file" for f in missing), *result.unreadable]:
@@ -93,6 +97,8 @@ def _list(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     for pb in playbooks:
         steps = " -> ".join(s.action + ("?" if s.confirm else "") for s in pb.plan)
+        if pb.blame_plan:  # every path that can act is shown, the records' plan too
+            steps += "; on blame: " + " -> ".join(s.action + ("?" if s.confirm else "") for s in pb.blame_plan)
         print(f"{pb.name:<22} {pb.severity:<8} {pb.scope:<4} {pb.kind:<28} {steps}")
     return EXIT_OK
 

@@ -162,6 +162,7 @@ class Engine(Matching, Planning):
         """Time-based work: lost heartbeats, settled incidents, closing quiet ones."""
         now = self.clock.now() if now is None else now
         plans: list[Plan] = []
+        self.expire_removals(now)
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
         for node in self.nodes.values():

@@ -21,12 +21,15 @@ from gridwatch.playbooks.plans import JOB_TARGET, Incident, Plan, PlannedStep
 RESTART_COALESCE = 60.0
 # A removal that failed is planned again when its node reports, this many times at most (then an operator).
 MAX_REPLANS = 3
+REPLAN_AFTER_S = 10.0  # ... and not before this long after it failed
+# A removal told of no outcome this long after it was planned no longer keeps its nodes off job-wide steps.
+REMOVAL_MAX_S = 900.0
 
 
 class Planning(EngineCore):
     """The engine's planning half: an incident's plan, and what its steps' outcomes change."""
 
-    def _plan(self, incident: Incident, now: float) -> Plan | None:
+    def _plan(self, incident: Incident, now: float, retry: bool = False) -> Plan | None:
         pb = self._playbook(incident.playbook)
         if pb is None:
             return None
@@ -65,7 +68,7 @@ class Planning(EngineCore):
         spec = pb.blame_plan if by_records and pb.blame_plan else pb.plan
         fixes: deque[float] | None = None
         g = pb.guards
-        if g.repeat_after is not None and g.repeat_max is not None:
+        if g.repeat_after is not None and g.repeat_max is not None and not retry:
             fixes = self._fixes_of_code.setdefault((pb.name, key, self._codes.get(incident.id)), deque())
             while fixes and now - fixes[0] > g.repeat_window:
                 fixes.popleft()
@@ -95,7 +98,8 @@ class Planning(EngineCore):
                     # Skipped, not failed: the plan goes on to tell people (notify, Alertmanager).
                     step.decision = "skip"
                     step.reason = f"{incident.node} is known only from Prometheus: no gridwatch agent there keeps a scene"
-        apply_guards(pb, key, steps, self.ledger, job_size, now)
+        if not retry:  # a re-plan of a failed removal is the same decision, taken again
+            apply_guards(pb, key, steps, self.ledger, job_size, now)
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)
         self._coalesce_restarts(incident, steps, now)
@@ -109,6 +113,7 @@ class Planning(EngineCore):
                         before = node.live_key
                         node.removing += 1
                         self._touched(node, before)
+                self._removals[step.id] = (now, [n for n in step.nodes if n in self.nodes])
         return Plan(incident=incident, steps=steps)
 
     def step_finished(self, step: PlannedStep, state: str, outcome: str = "") -> None:
@@ -117,12 +122,14 @@ class Planning(EngineCore):
         when the node next reports (a link that was down is up then)."""
         if step.step not in REMOVING_STEPS or state in ("running", "pending", "planned", "awaiting_confirmation"):
             return
+        counted = self._removals.pop(step.id, None)  # told once per step, whatever path told it
         for name in step.nodes:
             node = self.nodes.get(name)
             if node is None:
                 continue
             before = node.live_key
-            node.removing = max(0, node.removing - 1)
+            if counted is not None and name in counted[1]:
+                node.removing = max(0, node.removing - 1)
             if state == "done":
                 node.removed = True
                 node.replan = ""
@@ -131,6 +138,7 @@ class Planning(EngineCore):
                 # A heartbeat incident's node that reports again is back: nothing to plan again.
                 if incident is not None and incident.kind != "heartbeat_lost" and incident.id in self._open_keys:
                     node.replan = incident.id
+                    node.replan_at = self.clock.now() + REPLAN_AFTER_S
                     incident.notes.append(f"{self.clock.now():.3f} {step.step} on {name} failed ({outcome}); "
                                           f"planned again when {name} reports")
             # skipped, interrupted, escalated: not known to be out; the agent's reports say if it is
@@ -152,8 +160,25 @@ class Planning(EngineCore):
                 if step.decision == "act" and step.step in REMOVING_STEPS:
                     self.step_finished(step, "done")
 
+    def expire_removals(self, now: float) -> None:
+        """A removal told of no outcome within REMOVAL_MAX_S (a path that never reported) stops keeping its
+        nodes off job-wide steps: a healthy node is never left out for good on a count."""
+        for step_id, (at, names) in list(self._removals.items()):
+            if now - at <= REMOVAL_MAX_S:
+                continue
+            del self._removals[step_id]
+            for name in names:
+                node = self.nodes.get(name)
+                if node is not None and node.removing:
+                    before = node.live_key
+                    node.removing -= 1
+                    self._touched(node, before)
+
     def _replan(self, node: NodeState, now: float) -> list[Plan]:
-        """``node`` reports again after its removal failed: its incident's plan is made anew."""
+        """``node`` reports again after its removal failed: its incident's plan is made anew, past the guards
+        (the first plan passed them; the removal is counted in the blast radius already)."""
+        if now < node.replan_at:
+            return []  # a link that was just down: not at its very next frame
         incident = self._by_id.get(node.replan)
         node.replan = ""
         if incident is None or incident.id not in self._open_keys or node.out:
@@ -163,7 +188,7 @@ class Planning(EngineCore):
             incident.notes.append(f"{now:.3f} removal failed {tries - 1} times; left to an operator")
             return []
         incident.notes.append(f"{now:.3f} {node.name} reports again: planned again (try {tries + 1})")
-        plan = self._plan(incident, now)
+        plan = self._plan(incident, now, retry=True)
         return [plan] if plan is not None else []
 
     def _coalesce_restarts(self, incident: Incident, steps: list[PlannedStep], now: float) -> None:

@@ -47,6 +47,7 @@ class NodeState:
     removed: bool = False  # a removing step of ours succeeded: it is out of the job
     removing: int = 0  # removing steps planned whose outcome is not in yet (kept off job-wide steps meanwhile)
     replan: str = ""  # the incident whose removal failed: planned again when the node next reports
+    replan_at: float = 0.0  # ... from this time on
     seeded_out: bool = False  # removed before a console restart; the agent's next report says if it still is
     lost: bool = False
     hearsay: bool = False  # no agent speaks for it: read from Prometheus (never taken out on that word alone)
@@ -95,6 +96,7 @@ class EngineCore:
         self._sizes: dict[str, int] | None = None  # job -> its nodes (node add or job change drops it)
         self._planned: dict[str, int] = {}  # incident id -> steps planned for it so far (a re-plan goes on from there)
         self._replans: dict[str, int] = {}  # incident id -> times a failed removal was planned again
+        self._removals: dict[str, tuple[float, list[str]]] = {}  # step id -> (planned at, nodes) awaiting outcome
         self._pending: dict[str, float] = {}  # incident id -> when to plan it
         self._by_id: dict[str, Incident] = {}
         self._closed: deque[Incident] = deque(maxlen=_HISTORY)
@@ -292,6 +294,12 @@ class EngineCore:
         incident = self._open.get((pb.name, key))
         if incident is not None:
             self._merge(incident, symptom, now, "")
+            if incident.kind == "heartbeat_lost" and incident.recovered_at is not None:
+                # It sent a frame or two and went silent again: its plan (skipped as recovered) is made anew.
+                incident.recovered_at = None
+                incident.notes.append(f"{now:.3f} silent again: planned again")
+                plan = self._plan(incident, now)
+                return [plan] if plan else []
             return []
         node_state = self.nodes.get(symptom.node)
         if target != symptom.node:
@@ -354,6 +362,6 @@ class EngineCore:
 
     # ------------------------------------------------------------------ plans
 
-    def _plan(self, incident: Incident, now: float) -> Plan | None:
+    def _plan(self, incident: Incident, now: float, retry: bool = False) -> Plan | None:
         # Defined by the planning half (engine_plan.Planning); declared here because opening an incident plans it.
         raise NotImplementedError

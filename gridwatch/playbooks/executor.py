@@ -271,10 +271,10 @@ class Executor:
         """An operator declines a step: it and the rest of its plan are not run."""
         record = self._awaiting(step_id)
         self.store.audit(who, f"decline {record.step}", why, incident=record.incident, step=step_id, phase="operator")
-        self.store.set_step(step_id, "declined", f"declined by {who}")
+        self._settle_step(record.planned, "declined", f"declined by {who}")
         for later in self.store.steps(record.incident):
             if later.index > record.index and later.state not in STEP_DONE_STATES:
-                self.store.set_step(later.id, "skipped", f"step {record.index + 1} was declined")
+                self._settle_step(later.planned, "skipped", f"step {record.index + 1} was declined")
         return self.store.steps(record.incident)
 
     # -------------------------------------------------------------- internals
@@ -287,7 +287,7 @@ class Executor:
         self._stop_pending(why, incident=incident_id)
         for record in self.store.steps(incident_id):
             if record.state not in STEP_DONE_STATES and record.state != "running":
-                self.store.set_step(record.id, "skipped", why)
+                self._settle_step(record.planned, "skipped", why)
         self.store.resolve(incident_id, self.who, why)
 
     def _awaiting(self, step_id: str) -> StepRecord:
@@ -311,18 +311,18 @@ class Executor:
             if record.state == PENDING and step.id in self._retrying:
                 continue  # its retry is under way; the rest of the plan went on without it
             if stop_reason:
-                self.store.set_step(step.id, "skipped", stop_reason)
+                self._settle_step(step, "skipped", stop_reason)
                 continue
             if record.state == "awaiting_confirmation":
                 break  # the rest waits for the operator
             if record.state == "running":
-                self.store.set_step(step.id, "interrupted", "the console stopped while this ran; not repeated")
+                self._settle_step(step, "interrupted", "the console stopped while this ran; not repeated")
                 self.store.audit(self.who, step.step, "resumed plan", incident=incident_id, step=step.id,
                                  phase="after", outcome="interrupted: outcome unknown, not repeated")
                 continue
             decision = record.decision
             if decision == "skip":
-                self.store.set_step(step.id, "skipped", step.reason)
+                self._settle_step(step, "skipped", step.reason)
                 continue
             if decision == "needs_confirmation":
                 self.store.set_step(step.id, "awaiting_confirmation", step.reason)
@@ -330,7 +330,7 @@ class Executor:
                                  phase="engine", outcome="waiting for an operator")
                 break
             if decision == "escalate":
-                self.store.set_step(step.id, "escalated", step.reason)
+                self._settle_step(step, "escalated", step.reason)
                 if not escalated:
                     escalated = True
                     await self._escalate(incident, step, step.reason)
@@ -339,14 +339,14 @@ class Executor:
             why = f"{incident.playbook}: {incident.summary}"
             if step.step == "drain_node" and self._backend_of(step) is None:
                 # Nothing was told: "done" would make the operator believe the node left the pool.
-                self.store.set_step(step.id, "skipped", NO_SCHEDULER)
+                self._settle_step(step, "skipped", NO_SCHEDULER)
                 self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
                                  outcome=f"skipped: {NO_SCHEDULER}")
                 continue
             gone = self.recheck(incident_id)
             if gone is not None:
                 stop_reason = f"no longer holds: {gone}"
-                self.store.set_step(step.id, "skipped", stop_reason)
+                self._settle_step(step, "skipped", stop_reason)
                 self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
                                  outcome=f"skipped: {stop_reason}")
                 logger.bind(node=step.target).info("{} skipped: {}", step.id, stop_reason)
@@ -392,6 +392,12 @@ class Executor:
         logger.bind(node=step.target).info("{} {} -> {}: {}", step.incident, step.step, state, outcome)
         if state == "done" and step.step in ACTING_STEPS:
             self.store.mark_acted(step.incident, self.clock.now())
+        self._tell(step, state, outcome)
+
+    def _settle_step(self, step: PlannedStep, state: str, outcome: str) -> None:
+        """Record a step's end that ran nothing (skipped, escalated, declined, interrupted), and tell the
+        listeners as of a step that ran: the engine stops counting a removal that will not happen."""
+        self.store.set_step(step.id, state, outcome)
         self._tell(step, state, outcome)
 
     def _tell(self, step: PlannedStep, state: str, outcome: str) -> None:
@@ -503,7 +509,7 @@ class Executor:
             if entry is not None:
                 entry[1].cancel()
                 tasks.append(entry[1])
-            self.store.set_step(record.id, "skipped", f"not drained: {why}")
+            self._settle_step(record.planned, "skipped", f"not drained: {why}")
             self.store.audit(self.who, f"drain_node on {record.target}", why, incident=record.incident,
                              step=record.id, phase="after", outcome=f"skipped: not drained: {why}")
             stopped.append(record.incident)
@@ -539,8 +545,8 @@ class Executor:
         """What a notify says: the playbook's sentence when every step before it (but telling) was done; else
         what each of them did, so no message claims a node isolated that was not (a guard escalated it)."""
         said = step.message or incident.summary
-        before = [r for r in self.store.steps(incident.id)
-                  if r.index < step.index and r.step not in ("notify", "escalate", "wait_for")]
+        before = [r for r in self.store.steps(incident.id)  # this plan's (a re-plan's steps carry its own time)
+                  if r.index < step.index and r.planned.at == step.at and r.step not in ("notify", "escalate", "wait_for")]
         if all(r.state == "done" for r in before):
             return said
         facts = "; ".join(f"{r.step} {r.state}" + (f" ({r.outcome[:120]})" if r.state != "done" and r.outcome else "")

@@ -75,6 +75,23 @@ def load_builtin() -> tuple[Playbook, ...]:
     return result.playbooks
 
 
+def shadowing_errors(playbooks: Iterable[Playbook], shipped: dict[str, Playbook]) -> list[PlaybookError]:
+    """A user playbook that takes a shipped one's name without ``replaces:`` it, or replaces one that is not
+    shipped (a shipped playbook's own file is not a user's)."""
+    errors = []
+    for pb in playbooks:
+        own = shipped.get(pb.name)
+        if own is not None and Path(own.source).resolve() == Path(pb.source).resolve():
+            continue
+        if pb.replaces is not None and pb.replaces not in shipped:
+            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook {pb.name!r} replaces {pb.replaces!r}, "
+                                        "which is not a shipped playbook"))
+        elif own is not None and pb.replaces != pb.name:
+            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook name {pb.name!r} is a shipped playbook's; "
+                                        f"add 'replaces: {pb.name}' to use yours instead, or rename it"))
+    return errors
+
+
 def load_with_builtin(paths: Iterable[str | Path], skip: Iterable[str] = ()) -> LoadResult:
     """The shipped playbooks (less those named in ``skip``) plus the user's under ``paths``, checked as one set.
 
@@ -88,17 +105,8 @@ def load_with_builtin(paths: Iterable[str | Path], skip: Iterable[str] = ()) -> 
         return LoadResult(unreadable=(f"no shipped playbook named {', '.join(unknown)} to leave out "
                                       f"(shipped: {', '.join(sorted(shipped))})",))
     user = load(list(paths)) if paths else LoadResult()
-    errors = list(user.errors)
-    replaced: set[str] = set()
-    for pb in user.playbooks:
-        if pb.replaces is not None and pb.replaces not in shipped:
-            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook {pb.name!r} replaces {pb.replaces!r}, "
-                                        "which is not a shipped playbook"))
-        elif pb.name in shipped and pb.replaces != pb.name:
-            errors.append(PlaybookError(pb.source, pb.line, 1, f"playbook name {pb.name!r} is a shipped playbook's; "
-                                        f"add 'replaces: {pb.name}' to use yours instead, or rename it"))
-        elif pb.replaces is not None:
-            replaced.add(pb.replaces)
+    errors = [*user.errors, *shadowing_errors(user.playbooks, shipped)]
+    replaced = {pb.replaces for pb in user.playbooks if pb.replaces is not None and pb.replaces in shipped}
     kept = tuple(pb for name, pb in shipped.items() if name not in replaced and name not in set(skip))
     return LoadResult(kept + user.playbooks, tuple(errors), user.unreadable)
 

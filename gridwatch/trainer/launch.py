@@ -96,7 +96,8 @@ def request_rejoin(run_dir: str | os.PathLike[str], node: str) -> Path:
 
 def torchrun_command(
     cfg: TrainConfig, endpoint: str, min_nodes: int, max_nodes: int, rdzv: str = "tuned",
-    python: str = sys.executable, membership: str = "coordinator", node: str = "$(hostname)", start: str = "$$",
+    python: str = sys.executable, membership: str = "coordinator", node: str = "$(hostname)",
+    start: str = "$RANDOM$RANDOM",
 ) -> list[str]:
     """torchrun's argv for one node. Its agent never hosts a store: the rendezvous is the job's own store
     (which listens only where it is told), and with AGENT_ENV torchrun starts no shared store of its own,
@@ -449,6 +450,10 @@ def cluster_command(cfg: TrainConfig, nodes: int, min_nodes: int = 1, store_host
     """What to run for a real cluster: the store on a host outside the job, then torchrun on each node."""
     cmd = torchrun_command(cfg, f"{store_host}:29400", min_nodes, nodes, "tuned", "python", membership)
     cmd = ["torchrun", *cmd[3:]]
+    if membership != "coordinator":
+        # Rank 0 hosts the group's store on this address only: the node's own, not what its name resolves
+        # to (127.0.1.1 on a default Debian /etc/hosts).
+        cmd.insert(3, "--local-addr=$(hostname -I | cut -d' ' -f1)")
     if membership == "coordinator":
         return "\n".join([
             f"# on {store_host} (not a training node): the store and the membership coordinator",

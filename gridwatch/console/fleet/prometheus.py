@@ -56,7 +56,6 @@ from gridwatch.wire.xid import xid_meaning, xid_severity
 NODE_LABELS = ("Hostname", "hostname", "node")
 MAX_ANSWER_BYTES = 32 << 20  # a fleet of 10,000 GPUs answers a few MB; past this it is not an answer
 MAX_ERROR_CHARS = 300
-AGENT_LINKS = frozenset({"connected", "stale"})  # an agent that speaks for its node: its frames win
 # While Prometheus does not answer, the engine is told each node reports this seldom, so
 # the silence of the source never reads as many lost heartbeats; the views still go stale.
 SOURCE_SILENT_INTERVAL_S = 24 * 3600.0
@@ -640,8 +639,11 @@ class PrometheusFleet:
     # ------------------------------------------------------------- frames out
 
     def _agent_speaks(self, name: str) -> bool:
+        """An agent is listed for the node (its row is keyed by the agent's endpoint): its frames win, and
+        while its link is down Prometheus does not speak for it either, or the agent's silence would read
+        as a node that is fine, and known only from Prometheus."""
         node = self.store.by_name(name)
-        return node is not None and node.key != name and node.link in AGENT_LINKS
+        return node is not None and node.key != name
 
     def _emit(self, name: str, gpus: dict[int, GpuSample]) -> None:
         seen = self.nodes[name]
