@@ -367,3 +367,38 @@ async def test_a_drain_whose_command_timed_out_is_read_again_not_recorded_failed
     assert "already drained by gridwatch" in drain.outcome
     assert [a for a in runner.argvs if a[:2] == ["scontrol", "update"]] == [runner.argvs[0]]  # sent once
     await executor.close()
+
+
+async def test_a_pending_drain_of_a_node_that_came_back_is_not_sent_later(tmp_path: Path) -> None:
+    """A heartbeat plan's drain waits for slurmctld; the node's frames come back meanwhile: the retry
+    re-reads the condition first and drains nothing."""
+    from gridwatch.playbooks.notify import CommandOutcome
+    from tests.conftest import wait_until
+
+    class Unreachable(FakeRunner):
+        async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+            self.argvs.append(argv)
+            return CommandOutcome(1, "slurm_load_node error: Unable to contact slurm controller (connect failure)")
+
+    clock = ManualClock(1000.0)
+    playbooks, errors = check_text("name: hb\ntrigger: {condition: heartbeat_lost}\n"
+                                   "plan: [{do: drain_node, scheduler: slurm}, notify]\n", "t.yaml")
+    assert not errors
+    engine = Engine(playbooks, clock)
+    for name in ("node1", "node2", "node3"):
+        engine.observe(name, Hello(node=name, ts=clock.now()))
+    clock.advance(4.0)
+    engine.observe("node1", Sample(node="node1"))
+    engine.observe("node2", Sample(node="node2"))
+    (plan,) = engine.tick()
+    runner = Unreachable()
+    executor, store, _, _ = _executor(tmp_path, FakeSink(), runner=runner)
+    executor.recheck = engine.no_longer_holds
+    await executor.run(plan)
+    assert store.steps(plan.incident.id)[0].state == "pending"
+    engine.observe("node3", Sample(node="node3"))  # it was the network; the node is back
+    executor.clock.advance(120.0)
+    await wait_until(lambda: store.steps(plan.incident.id)[0].state == "skipped", 10, "the pending drain given up")
+    assert "node3 is sending frames again" in store.steps(plan.incident.id)[0].outcome
+    assert not [a for a in runner.argvs if a[:2] == ["scontrol", "update"]]
+    await executor.close()

@@ -470,6 +470,12 @@ class Executor:
                 due = self.clock.now() + wait
                 while self.clock.now() < due:
                     await asyncio.sleep(self.poll_interval)
+                gone = self.recheck(incident.id)
+                if gone is not None:  # the node came back while the controller was away: no drain
+                    self._settle_step(step, "skipped", f"no longer holds: {gone}")
+                    self.store.audit(who, self._describe(step), why, incident=incident.id, step=step.id,
+                                     phase="after", outcome=f"skipped: no longer holds: {gone}")
+                    return
                 audit = _CommandAudit(self.store, who, why, incident.id, step.id)
                 try:
                     outcome = await asyncio.wait_for(self._drain(step, incident, who, audit), step.timeout)

@@ -591,6 +591,8 @@ async def sync_steps(runtime: ConsoleRuntime, election: Election) -> int:
         if record is None or found.state == "running" or (record.state, record.outcome) == (found.state, found.outcome):
             continue
         store.set_step(step_id, found.state, found.outcome)
+        if runtime.engine is not None:  # the leader's outcome counts here too: a removal done, failed or skipped
+            runtime.engine.step_finished(record.planned, found.state, found.outcome)
         runtime.settle(found.incident)
         changed += 1
     return changed
