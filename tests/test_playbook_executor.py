@@ -283,12 +283,10 @@ async def test_rollback_names_the_newest_shared_checkpoint_below_the_bad_step(tm
     assert sink.calls[0][2]["before_step"] == 85 and sink.calls[0][2]["checkpoint"] == "before"
 
 
-async def test_a_standby_taking_the_lead_skips_a_heartbeat_plan_whose_node_came_back(tmp_path: Path) -> None:
-    """A standby stalled, planned heartbeat-lost for a node, and takes the lead after the node's frames came
-    back: before each step it re-reads the condition, and the node is not isolated."""
+def _node3_went_silent(plan: str) -> tuple[Engine, Plan]:
+    """An engine over three nodes with a heartbeat playbook of ``plan``, and its plan for node3 gone quiet."""
     clock = ManualClock(1000.0)
-    playbooks, errors = check_text("name: hb\ntrigger: {condition: heartbeat_lost}\n"
-                                   "plan: [notify, isolate_node, restart_from_checkpoint]\n", "t.yaml")
+    playbooks, errors = check_text(f"name: hb\ntrigger: {{condition: heartbeat_lost}}\nplan: {plan}\n", "t.yaml")
     assert not errors
     engine = Engine(playbooks, clock)
     for name in ("node1", "node2", "node3"):
@@ -296,7 +294,14 @@ async def test_a_standby_taking_the_lead_skips_a_heartbeat_plan_whose_node_came_
     clock.advance(4.0)
     engine.observe("node1", Sample(node="node1"))
     engine.observe("node2", Sample(node="node2"))
-    (plan,) = engine.tick()
+    (made,) = engine.tick()
+    return engine, made
+
+
+async def test_a_standby_taking_the_lead_skips_a_heartbeat_plan_whose_node_came_back(tmp_path: Path) -> None:
+    """A standby stalled, planned heartbeat-lost for a node, and takes the lead after the node's frames came
+    back: before each step it re-reads the condition, and the node is not isolated."""
+    engine, plan = _node3_went_silent("[notify, isolate_node, restart_from_checkpoint]")
     sink = FakeSink()
     executor, store, _, notifier = _executor(tmp_path, sink)
     executor.recheck = engine.no_longer_holds
@@ -380,17 +385,7 @@ async def test_a_pending_drain_of_a_node_that_came_back_is_not_sent_later(tmp_pa
             self.argvs.append(argv)
             return CommandOutcome(1, "slurm_load_node error: Unable to contact slurm controller (connect failure)")
 
-    clock = ManualClock(1000.0)
-    playbooks, errors = check_text("name: hb\ntrigger: {condition: heartbeat_lost}\n"
-                                   "plan: [{do: drain_node, scheduler: slurm}, notify]\n", "t.yaml")
-    assert not errors
-    engine = Engine(playbooks, clock)
-    for name in ("node1", "node2", "node3"):
-        engine.observe(name, Hello(node=name, ts=clock.now()))
-    clock.advance(4.0)
-    engine.observe("node1", Sample(node="node1"))
-    engine.observe("node2", Sample(node="node2"))
-    (plan,) = engine.tick()
+    engine, plan = _node3_went_silent("[{do: drain_node, scheduler: slurm}, notify]")
     runner = Unreachable()
     executor, store, _, _ = _executor(tmp_path, FakeSink(), runner=runner)
     executor.recheck = engine.no_longer_holds
