@@ -51,7 +51,10 @@ async def test_two_headless_consoles_and_a_tui_one_show_one_xid_79_acted_on_once
         agents = []
         consoles: list[subprocess.Popen] = []
         try:
-            agents = await agents_beside(keys, job, names, interval=1.0, scenes=tmp_path / "scenes")
+            # The agents share this test's event loop with the screen under test: a 2 s tick (a 6 s heartbeat)
+            # keeps a loaded machine's stall of that loop from reading as a node lost (and isolated) to the
+            # consoles, which are processes of their own and judge silence by the wall clock.
+            agents = await agents_beside(keys, job, names, interval=2.0, scenes=tmp_path / "scenes")
             spec = ",".join(a.spec for a in agents)
             dbs = [tmp_path / "a" / "incidents.db", tmp_path / "b" / "incidents.db", tmp_path / "c" / "incidents.db"]
             logs = [tmp_path / "a.log", tmp_path / "b.log"]

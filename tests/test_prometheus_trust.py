@@ -67,6 +67,7 @@ async def test_a_node_missing_from_an_answer_is_unknown_and_reserved_or_bad_name
         await runtime.prometheus.poll_once()
         assert sorted(n.name for n in runtime.store.nodes.values()) == ["node-a", "node-b", "node-d"]
         assert runtime.store.by_name("node-d").sample.gpus[0].temp_c is None  # 1e308 is no reading
+        assert runtime.store.summary().hearsay == 3  # the footer says how the fleet is read
         server.series = [_series("node-a")]  # type: ignore[attr-defined]  # a relabel: node-b vanished
         for _ in range(12):  # a minute of answers without node-b
             clock.advance(5.0)

@@ -317,7 +317,8 @@ async def _headless(runtime: ConsoleRuntime, duration: float | None, control: st
                     links_now = runtime.fleet.links.values()
                     traffic = (f", frames {sum(l.frames for l in links_now)}, lost {sum(l.gaps for l in links_now)}, "
                                f"bad {sum(l.bad_frames for l in links_now)}")
-                print(f"summary {s.connected}/{s.total} nodes connected, {s.gpus} GPUs, "
+                read = f" ({s.hearsay:,} read from Prometheus, no agent)" if s.hearsay else ""
+                print(f"summary {s.connected}/{s.total} nodes connected{read}, {s.gpus} GPUs, "
                       f"oldest data {format_age(s.oldest_age_s)}{traffic}", flush=True)
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)

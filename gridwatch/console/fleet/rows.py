@@ -104,6 +104,7 @@ class FleetSummary:
     oldest_age_s: float | None
     gpus: int
     problems: int
+    hearsay: int = 0  # of the nodes, those read from Prometheus alone (no agent speaks for them)
 
 
 class HeatmapNode:

@@ -43,6 +43,7 @@ from gridwatch.console.fleet.rows import (
 )
 from gridwatch.playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
 from gridwatch.wire.protocol import (
+    HEARSAY_VERSION,
     STALE_AFTER_INTERVALS,
     VIEWER_ACTIONS,
     ActionResult,
@@ -104,6 +105,7 @@ class StateStore:
         self._counted: dict[str, _Counted] = {}
         self._live = 0  # nodes whose link is up and that sent a frame: ok unless their last frame is too old
         self._gpus = 0
+        self._hearsay: set[str] = set()  # keys of nodes whose hello came from Prometheus, not an agent
         self._intervals: Counter[float] = Counter()  # of the live nodes
         self._roles: Counter[str] = Counter()
         self._apart: dict[str, tuple[int, bool]] = {}  # status order: the nodes not plainly ok, by (status, marked)
@@ -196,6 +198,11 @@ class StateStore:
         node.interval = hello.interval if hello.interval > 0 else 1.0
         node.isolated = hello.isolated
         self._stack_dirty = True
+        # Read from Prometheus, no agent: the footer says how the fleet is read, not "connected".
+        if str(hello.agent_version) == HEARSAY_VERSION:
+            self._hearsay.add(node.key)
+        else:
+            self._hearsay.discard(node.key)
 
     @staticmethod
     def _patrol_from_sample(node: NodeState, failing: list[str] | None, now: float) -> None:
@@ -392,7 +399,8 @@ class StateStore:
                 oldest = now - node.last_frame_at
                 break
         total = len(self.nodes)
-        return FleetSummary(connected, total, oldest, self._gpus, total - connected)
+        hearsay = sum(1 for key in self._hearsay if key in self.nodes)
+        return FleetSummary(connected, total, oldest, self._gpus, total - connected, hearsay)
 
     def node_row(self, node: NodeState, now: float) -> NodeRow:
         agg = node.agg or GpuAggregate(gpus=len(node.hello.gpus) if node.hello else 0)

@@ -46,6 +46,9 @@ class StatusBar(Static):
         text = Text()
         style = "green" if summary.connected == summary.total and summary.total else "yellow"
         text.append(f"{summary.connected}/{summary.total} nodes connected", style=style)
+        if summary.hearsay:
+            # Not agents' links: the exporter's series, which can watch and page but not act.
+            text.append(f" ({summary.hearsay:,} read from Prometheus, no agent)", style="yellow")
         text.append(f"  {summary.gpus} GPUs")
         text.append(f"  oldest data {format_age(summary.oldest_age_s)}")
         if incidents_open:
