@@ -41,13 +41,13 @@ SYSTEM_UID_MAX = 999
 
 
 def others_may_write(st: os.stat_result) -> str | None:
-    """Why a file or directory with this status is writable by someone other than root and this process
-    (None when it is not): what such a file says cannot be evidence about the node."""
+    """Why an open log file with this status is writable by someone other than root, a system account and
+    this process (None when it is not): what such a file says cannot be evidence about the node."""
     if st.st_uid not in (0, os.geteuid()) and st.st_uid > SYSTEM_UID_MAX:
         return f"owned by uid {st.st_uid}"
-    if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+    if st.st_mode & stat.S_IWOTH:
         return f"writable by every local user (mode {stat.S_IMODE(st.st_mode):04o})"
-    if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not stat.S_ISDIR(st.st_mode):
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
         return f"writable by group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 

@@ -196,12 +196,11 @@ class EngineCore:
         key = self._open_keys.pop(incident.id, None)
         if key is not None:
             self._open.pop(key, None)
-        for name in {incident.node, *incident.blamed}:
-            ids = self._on_node.get(name)
-            if ids is not None:
-                ids.discard(incident.id)
-                if not ids:
-                    del self._on_node[name]
+        ids = self._on_node.get(incident.node)  # the only node it is filed under (_act_on moves it)
+        if ids is not None:
+            ids.discard(incident.id)
+            if not ids:
+                del self._on_node[incident.node]
         return key
 
     def _act_on(self, incident: Incident, name: str) -> None:
