@@ -2,8 +2,9 @@
 
 Only on when the devices are simulated: the demo sets ``GRIDWATCH_SIM_DEVICES``
 (see :mod:`gridwatch.wire.simdevices`) for its agents and its trainer, and a worker
-that trains on CUDA never turns it on. The worker asks the hook before each
-step; the hook reads the node's fault file and
+that trains on CUDA never turns it on (its hooks are then :class:`DeviceFaults`,
+which do nothing). The worker asks the hook before each step; the hook reads
+the node's fault file and
 
 - fell off the bus (XID 79): blocks where the next collective would, for the
   collective timeout, then dies with the CUDA error torch prints; a new
@@ -60,7 +61,29 @@ class Leave(Exception):
     """The operator asked this node to leave while its GPU is lost: it goes, the others re-form."""
 
 
-class SimDevice:
+class DeviceFaults:
+    """The worker's device hooks, at the points where a GPU's fault would hurt the training process.
+
+    This default does nothing: a real GPU's faults hurt the process by themselves.
+    """
+
+    def at_start(self) -> None:
+        """Before the process joins the job."""
+
+    def before_step(self, leave_asked: LeaveAsked) -> None:
+        """Where the step's first collective starts; may raise :class:`Leave` if ``leave_asked()``."""
+
+    def throttle(self, compute_s: float) -> None:
+        """After the step's compute, which took ``compute_s``."""
+
+    def in_collective(self) -> None:
+        """Where a collective has been called but not started."""
+
+    def on_collective_error(self, exc: BaseException, op: str = "ALLREDUCE", seq: int = 0) -> None:
+        """A collective of the step failed with ``exc``."""
+
+
+class SimDevice(DeviceFaults):
     """One worker's view of its node's simulated GPUs (see the module docstring)."""
 
     def __init__(self, node: str, rank: Callable[[], int], collective_timeout_s: float, exit: Exit,
@@ -80,10 +103,11 @@ class SimDevice:
 
     @classmethod
     def from_env(cls, node: str, rank: Callable[[], int], collective_timeout_s: float, exit: Exit,
-                 backend: str) -> SimDevice | None:
-        """The hook if this worker's devices are simulated (the variable is set and it trains without CUDA)."""
+                 backend: str) -> DeviceFaults:
+        """The simulated device if this worker's devices are simulated (the variable is set and it trains
+        without CUDA); else the hooks that do nothing."""
         if sim_dir() is None or backend == "nccl":
-            return None
+            return DeviceFaults()
         return cls(node, rank, collective_timeout_s, exit)
 
     def state(self) -> DeviceState:

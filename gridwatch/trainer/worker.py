@@ -2,6 +2,11 @@
 
 Run as ``python -m torch.distributed.run ... -m gridwatch.trainer.worker --run-dir DIR``;
 the node's name comes from ``GRIDWATCH_NODE``.
+
+The worker asks its membership mode wherever the coordinator's generations and
+torchrun's group differ (:mod:`gridwatch.trainer.modes`), all-reduces its controls
+as :class:`~gridwatch.trainer.controls.Controls`, and calls its device's hooks
+(:mod:`gridwatch.trainer.simdevice`; they do nothing on a real GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import threading
 import time
 import warnings
 from collections import deque
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,37 +29,27 @@ import torch.distributed as dist
 from loguru import logger
 
 from gridwatch.trainer.checkpoint import Manifest
-from gridwatch.trainer.collectives import all_gather_object, broadcast_object
+from gridwatch.trainer.collectives import broadcast_object
 from gridwatch.trainer.config import TrainConfig, read_config, release_tier0
 from gridwatch.trainer.control_server import ControlServer
+from gridwatch.trainer.controls import Controls
 from gridwatch.trainer.corpus import build_corpus
 from gridwatch.trainer.flight import FlightRecorder
 from gridwatch.trainer.group import Membership
 from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
-from gridwatch.trainer.membership import STORE_ENV, Generation
+from gridwatch.trainer.membership import STORE_ENV
 from gridwatch.trainer.model import ByteGPT, ModelConfig
+from gridwatch.trainer.modes import EXIT_DEADLINE, EXIT_REFORM, CoordinatedMode, GroupMode, TorchrunMode
 from gridwatch.trainer.restore import restore_newest
 from gridwatch.trainer.sampler import BatchSampler, SamplerState, my_slots
 from gridwatch.trainer.simdevice import Leave, SimDevice
 from gridwatch.trainer.state import init_optimizer_state, live_tensors
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
-from gridwatch.wire.control import restart_target
+from gridwatch.wire.control import ControlCommand
 from gridwatch.wire.controlsock import socket_path
 from gridwatch.wire.protocol import Event, Text, TrainerPhase, TrainerStatus
 
-# torchrun restarts the workers of every node when one exits non-zero; these say why.
-EXIT_REFORM = 75  # a node left: re-form without it
-EXIT_DEADLINE = 76  # no progress within the deadline: a peer is frozen or gone
 MAX_EVENTS = 64
-
-# Control vector layout (all-reduced with MAX at each step boundary).
-# Control slots, all-reduced with MAX so every rank applies the same controls.
-# _EXACT holds step+1 of an exact restart; _BELOW holds -bound so MAX picks the
-# earliest "before" bound asked for (NO_BOUND when none).
-# _GEN carries the newest generation rank 0 saw, so every rank changes group at the same step;
-# _PAUSED says a rank is paused, so a node joining a paused job pauses with it.
-_PAUSE, _RESUME, _CKPT, _RESTART, _EXACT, _BELOW, _NEWEST, _GEN, _PAUSED, _LEAVE0 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
-NO_BOUND = float(2**52)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -75,14 +69,18 @@ def _grad(param: torch.Tensor) -> torch.Tensor:
 
 
 class Worker:
-    def __init__(self, cfg: TrainConfig, node: str, backend: str = "gloo", membership: Membership | None = None) -> None:
+    """One node's training process: the loop, its guards, checkpoints and controls.
+
+    ``mode`` keeps its place in the job (:mod:`gridwatch.trainer.modes`): the coordinator's
+    generations, or torchrun's group.
+    """
+
+    def __init__(self, cfg: TrainConfig, node: str, backend: str, mode: GroupMode) -> None:
         self.cfg = cfg
         self.node = node
         self.backend = backend
-        # None: torchrun's rendezvous made the group and any change of members restarts this process.
-        self.membership = membership
-        self.rank = dist.get_rank() if membership is None else 0
-        self.world = dist.get_world_size() if membership is None else 1
+        self.mode = mode
+        self.rank, self.world = 0, 1  # until the mode places this process in a group
         self.log = logger.bind(node=node)
         torch.manual_seed(cfg.seed)
         self.mcfg = ModelConfig(seq_len=cfg.seq_len, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads)
@@ -99,10 +97,9 @@ class Worker:
         self.loss_guard = LossGuard(cfg.spike_factor)
         self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
         self.prev_time = 0.0
-        self.members: list[str] = all_gather_object(node, str) if membership is None else [node]
+        self.members: list[str] = [node]
         self.flight = FlightRecorder(node)
-        if membership is None:
-            self.flight.join("world", 0, self.rank, self.members)
+        mode.attach(self)
         # status, read by the control thread
         self.phase = TrainerPhase.STARTING
         self.loss: float | None = None
@@ -119,9 +116,9 @@ class Worker:
         self.deadline = ProgressDeadline(cfg.startup_deadline_s, self._on_deadline, time.monotonic)
         self.metrics = Path(cfg.run_dir) / "metrics.jsonl"
         self._restart_incidents: list[str] = []  # restart_from requests taken this step, by incident
-        # Simulated GPUs only: their injected faults hurt this process as real ones would.
-        self.sim = SimDevice.from_env(node, lambda: self.rank,
-                                      _pg_timeout(cfg, membership is not None).total_seconds(), self._exit, backend)
+        # Simulated GPUs only: their injected faults hurt this process as real ones would (elsewhere no-ops).
+        self.faults = SimDevice.from_env(node, lambda: self.rank, mode.collective_timeout(cfg).total_seconds(),
+                                         self.exit, backend)
 
     # ----------------------------------------------------------------- reporting
 
@@ -163,9 +160,9 @@ class Worker:
         self.log.error(
             "no progress for {:.1f} s (a peer is frozen or gone); leaving so the job re-forms without it", idle
         )
-        self._exit(EXIT_DEADLINE)
+        self.exit(EXIT_DEADLINE)
 
-    def _exit(self, code: int) -> None:
+    def exit(self, code: int) -> None:
         try:
             self.server.stop()
         finally:
@@ -177,7 +174,7 @@ class Worker:
         with open(self.metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def _truncate_metrics(self, upto: int) -> None:
+    def truncate_metrics(self, upto: int) -> None:
         """Keep only steps up to ``upto``: later ones are about to be recomputed after a restore."""
         if not self.metrics.exists():
             return
@@ -227,84 +224,60 @@ class Worker:
         self.step = manifest.step
         self.sampler.state = SamplerState(epoch=manifest.epoch, position=manifest.sampler_position)
         if self.rank == 0:
-            self._truncate_metrics(self.step)
+            self.truncate_metrics(self.step)
         self.event("checkpoint", f"restored step {manifest.step} (tier {manifest.tier}, written by {manifest.world_size} ranks) on {self.world} ranks",
                    "info", step=manifest.step, tier=manifest.tier)
         return True
 
-    # ----------------------------------------------------------------- the loop
+    # ----------------------------------------------------------------- controls
 
-    def _controls(self) -> torch.Tensor:
-        vec = torch.zeros(_LEAVE0 + self.world, dtype=torch.float64)
-        vec[_BELOW] = -NO_BOUND
+    def _controls(self) -> Controls:
+        """This rank's controls, all-reduced with every rank's: the controls the job applies at this step."""
+        mine = Controls()
         for req in self.server.take():
-            if req.cmd == "pause":
-                vec[_PAUSE] = 1
-            elif req.cmd == "resume":
-                vec[_RESUME] = 1
-            elif req.cmd == "checkpoint_now":
-                vec[_CKPT] = 1
-            elif req.cmd == "leave":
-                vec[_LEAVE0 + self.rank] = 1
-            elif req.cmd == "restart_from":
-                if self._restart_done(req.args):
-                    continue
-                target = restart_target(req.args)
-                vec[_RESTART] = 1
-                if target.newest:
-                    vec[_NEWEST] = 1
-                if target.step is not None:
-                    vec[_EXACT] = max(float(vec[_EXACT]), target.step + 1)
-                if target.below is not None:
-                    vec[_BELOW] = max(float(vec[_BELOW]), -float(target.below))
-        if self.membership is not None and self.rank == 0:
-            vec[_GEN] = self.membership.newest()
-        if self.paused:
-            vec[_PAUSED] = 1
+            if req.cmd == ControlCommand.RESTART_FROM and self._restart_done(req.args):
+                continue
+            mine.ask(req, self.rank)
+        mine.generation = self.mode.generation(self.rank)
+        mine.paused = self.paused
+        vec = mine.to_tensor(self.world)
         self.flight.run("all_reduce", vec, lambda: dist.all_reduce(vec, op=dist.ReduceOp.MAX),
-                        before_start=self.sim.in_collective if self.sim is not None else None)
-        return vec
+                        before_start=self.faults.in_collective)
+        return Controls.from_tensor(vec)
 
     def _restart_done(self, args: dict[str, object]) -> bool:
         """True if the job already restarted for this request's incident: a playbook sends one
         restart to every node, and a node that (re)joined later must not roll the job back again."""
         incident = str(args.get("incident") or "")[:200]
-        if self.membership is None or not incident:
+        if not incident:
             return False
-        key = f"gw/restarted/{incident}"
-        if self.membership.store.check([key]):
-            self.event("checkpoint", f"restart_from for {incident} ignored: the job already restarted for it "
-                       f"(at step {self.membership.store.get(key).decode(errors='replace')})", "info")
+        if self.mode.restarted_for(self, incident):
             return True
         self._restart_incidents.append(incident)
         return False
 
-    def _handle(self, ctl: torch.Tensor) -> None:
+    def _handle(self, ctl: Controls) -> None:
         """Apply the controls every rank now agrees on."""
-        if ctl[_CKPT] > 0:
+        if ctl.checkpoint:
             self.phase = TrainerPhase.CHECKPOINTING
             self.snapshot({0, 1, 2})
             self.event("checkpoint", f"checkpoint_now at step {self.step}", "info", step=self.step)
-        leaving = [r for r in range(self.world) if ctl[_LEAVE0 + r] > 0]
-        if leaving:
-            self._leave(leaving)
-        if ctl[_RESTART] > 0:
-            exact = int(ctl[_EXACT]) - 1 if ctl[_EXACT] > 0 else None
-            below = int(-ctl[_BELOW]) if -ctl[_BELOW] < NO_BOUND else None
+        if ctl.leaving:
+            self.mode.leave(self, ctl.leaving)
+        if ctl.restart:
+            exact, below = ctl.restart_step, ctl.restart_below
             here = self.step
             restored = exact is not None and self.restore(exact)
-            if not restored and ctl[_NEWEST] > 0:
+            if not restored and ctl.restart_newest:
                 # The named step did not validate (or none was named): the newest valid one, below the bound if any.
                 restored = self.restore(None, below=below)
             if not restored:
                 wanted = f"step {exact}" if exact is not None else ("a step below " + str(below) if below is not None else "any step")
                 self.event("checkpoint", f"restart_from: no valid checkpoint at {wanted}; training goes on from step {here}", "error")
-            if self.membership is not None:
-                for incident in self._restart_incidents:
-                    self.membership.store.set(f"gw/restarted/{incident}", str(self.step))
+            self.mode.mark_restarted(self._restart_incidents, self.step)
             self.phase = TrainerPhase.TRAINING
         self._restart_incidents = []
-        if (ctl[_PAUSE] > 0 or ctl[_PAUSED] > 0) and ctl[_RESUME] == 0 and not self.paused:
+        if ctl.pauses and not self.paused:
             self._pause()
 
     def _pause(self) -> None:
@@ -312,112 +285,37 @@ class Worker:
         self.event("action", f"paused at step {self.step}", "info")
         while True:
             self.deadline.feed()
-            if self.membership is not None:
-                self.membership.at_boundary()
+            self.mode.at_boundary()
             ctl = self._controls()
-            if self.membership is not None and ctl[_GEN] > self.membership.number:
-                self._change(int(ctl[_GEN]))  # a node joins or leaves while the job is paused
+            if self.mode.follow(self, ctl):  # a node joins or leaves while the job is paused
                 self.phase, self.paused = TrainerPhase.PAUSED, True
                 continue
-            if ctl[_CKPT] > 0 or ctl[_RESTART] > 0 or any(ctl[_LEAVE0:] > 0):
+            if ctl.acts:
                 self._handle(ctl)
                 self.phase, self.paused = TrainerPhase.PAUSED, True
-            if ctl[_RESUME] > 0:
+            if ctl.resume:
                 break
             time.sleep(0.2)
         self.phase, self.paused = TrainerPhase.TRAINING, False
         self.event("action", f"resumed at step {self.step}", "info")
 
-    def _leave(self, leaving: list[int]) -> None:
-        """Checkpoint to local disk, then the leaving node stops and the others re-form without it."""
-        if self.membership is not None:
-            return self._leave_generation(leaving)
-        self.phase = TrainerPhase.CHECKPOINTING
-        self.deadline.feed(self.cfg.startup_deadline_s)
-        self.snapshot({0, 1})
-        self.ckpt.flush()
-        dist.barrier()
-        names = ", ".join(self.members[r] for r in leaving)
-        if self.rank in leaving:
-            self.phase = TrainerPhase.LEFT
-            self.log.info("leaving the job at step {} on request; the others re-form without this node", self.step)
-            # Stopping our torchrun agent by signal keeps the rendezvous open for the others
-            # (a clean exit would close it for everyone).
-            os.kill(os.getppid(), signal.SIGTERM)
-            time.sleep(30)
-            self._exit(0)
-        self.log.info("{} left at step {}; re-forming", names, self.step)
-        self._exit(EXIT_REFORM)
+    # ----------------------------------------------------------------- groups
 
-    def _leave_generation(self, leaving: list[int]) -> None:
-        """Every member is at this step: the others go on in a new generation, from memory, without a restart."""
-        names = ", ".join(self.members[r] for r in leaving)
-        assert self.membership is not None
-        self.phase = TrainerPhase.CHECKPOINTING
-        self.snapshot({0})
-        if self.rank in leaving:
-            self.membership.leave()
-        # The leaver waits too: gone before the coordinator saw "leave", it would look like a crash.
-        nxt = self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
-        if self.rank in leaving:
-            self.phase = TrainerPhase.LEFT
-            self.log.info("leaving the job at step {} on request; the others go on without this node", self.step)
-            self.ckpt.flush()
-            self.membership.close("done")
-            self._exit(0)
-        if nxt is None:
-            self.log.error("no new generation after {} left; exiting so the node is started again", names)
-            self._exit(EXIT_REFORM)
-        assert nxt is not None
-        nxt = self._member_of(nxt)
-        self.log.info("{} left at step {}; going on in generation {}", names, self.step, nxt.gen)
-        self._enter(nxt)
-
-    # ------------------------------------------------------------ generations
-
-    def _adopt(self) -> None:
+    def adopt(self, members: list[str]) -> None:
         """Take this group's rank and size: its share of each batch, its peers' names."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.slots = my_slots(self.rank, self.world, self.cfg.micro_batches)
         self.straggler_guard = StragglerGuard(self.cfg.straggler_factor, self.cfg.straggler_window)
         self.rank_times, self.stragglers = [], []
+        self.members = members
 
-    def _enter(self, gen: Generation) -> None:
-        """Form ``gen``'s group (waiting again if that fails) and line up every member's state."""
-        assert self.membership is not None
-        while True:
-            self.phase = TrainerPhase.REFORMING
-            self.deadline.feed(self.cfg.startup_deadline_s)
-            watchdog = _init_watchdog(self.cfg, self.node)
-            try:
-                self.membership.form(gen, self.backend, _pg_timeout(self.cfg, membership=True))
-                self._adopt()
-                self.members = list(gen.members)
-                self.flight.join(f"gen{gen.gen}", gen.gen, self.rank, self.members)
-                self._line_up(gen)
-                watchdog.cancel()
-                break
-            except RuntimeError as exc:
-                watchdog.cancel()
-                gen = self._wait_after_failure(exc)
-        self.phase = TrainerPhase.TRAINING
-        self.event("membership", f"generation {gen.gen}: training on {self.world} nodes ({', '.join(gen.members)}) "
-                   f"from step {self.step}", "info", generation=gen.gen, world=self.world, sync=gen.sync)
+    def start_fresh(self) -> None:
+        """No checkpoint to start from: the job starts at step 0."""
+        if self.rank == 0:
+            self.log.info("no checkpoint found: starting at step 0")
+            self.truncate_metrics(0)
 
-    def _line_up(self, gen: Generation) -> None:
-        if gen.sync == "restore":
-            if self.restore():
-                return
-            assert self.membership is not None
-            if self.membership.number <= 1 and self.step == 0:
-                if self.rank == 0:
-                    self.log.info("no checkpoint found: starting at step 0")
-                    self._truncate_metrics(0)
-                return
-        if gen.sync in ("share", "restore"):
-            self._share()
-
-    def _share(self) -> None:
+    def share(self) -> None:
         """Every member takes rank 0's model, optimizer, step and data position (a node joining a running job)."""
         pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0, tuple[int, int, int])
         self.step = pos[0]
@@ -427,41 +325,7 @@ class Worker:
         if self.rank != 0:
             torch.manual_seed(self.cfg.seed + 7919 * self.rank + self.step)
 
-    def _wait_after_failure(self, exc: BaseException) -> Generation:
-        """A collective failed: say so, and wait for the coordinator's next generation that takes this node."""
-        assert self.membership is not None
-        number = self.membership.number
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        self.event("membership", f"generation {number} failed ({first}); waiting for the job to re-form", "warning",
-                   generation=number)
-        self.phase = TrainerPhase.REFORMING
-        self.deadline.feed(self.cfg.startup_deadline_s)
-        if dist.is_initialized():
-            # Closing our connections fails the collective our peers still wait in, at once,
-            # instead of after the collective timeout: they report too, and the job re-forms sooner.
-            dist.destroy_process_group()
-        self.membership.failed()
-        gen = self.membership.wait(self.cfg.startup_deadline_s)
-        if gen is None:
-            self.log.error("no generation took this node within {:.0f} s; exiting so it is started again",
-                           self.cfg.startup_deadline_s)
-            self._exit(EXIT_REFORM)
-        assert gen is not None
-        return gen
-
-    def _change(self, newest: int) -> None:
-        """Rank 0 saw generation ``newest``: every member is at this step; move to it (or stand by if not in it)."""
-        assert self.membership is not None
-        gen = self.membership.read(newest)  # the number every rank agreed on, not whatever is newest now
-        if gen is None:
-            return
-        self._enter(self._member_of(gen))
-
-    def _member_of(self, gen: Generation) -> Generation:
-        """``gen``, or, if it dropped this node (thought dead, or slow), the next one that takes it back."""
-        if self.node in gen.members:
-            return gen
-        return self._wait_after_failure(RuntimeError(f"generation {gen.gen} does not include {self.node}"))
+    # ----------------------------------------------------------------- the loop
 
     def train_step(self) -> None:
         cfg = self.cfg
@@ -488,8 +352,7 @@ class Worker:
             for p in self.params:
                 p.grad = None
             stats[slot] = loss.item()
-        if self.sim is not None:
-            self.sim.throttle(time.perf_counter() - t0)
+        self.faults.throttle(time.perf_counter() - t0)
         stats[g_count + self.rank] = self.prev_time
         # Each slot is filled by one rank and zero elsewhere, so the sum is exact and
         # the per-slot sum below adds in the same order on any world size.
@@ -531,61 +394,29 @@ class Worker:
                                   "world_size": self.world, "time": time.time()})
         self.prev_time = time.perf_counter() - t0
 
-    def _sim_before_step(self) -> None:
-        """The simulated GPU's fault, where the step's first collective starts; a lost GPU's node may still leave."""
-        assert self.sim is not None
+    def _before_step(self) -> None:
+        """The device's hook where the step's first collective starts; a node whose GPU is lost may still leave."""
         try:
-            self.sim.before_step(lambda: any(r.cmd == "leave" for r in self.server.take()))
+            self.faults.before_step(lambda: any(r.cmd == ControlCommand.LEAVE for r in self.server.take()))
         except Leave:
             self.phase = TrainerPhase.LEFT
             self.log.info("leaving the job at step {} on request: its GPU is lost; the others go on without it", self.step)
-            if self.membership is None:
-                os.kill(os.getppid(), signal.SIGTERM)  # as _leave: keeps the rendezvous open for the others
-                time.sleep(30)
-                self._exit(0)
-            assert self.membership is not None
-            self.membership.leave()
-            self.membership.wait(self.cfg.startup_deadline_s, want_member=False)
-            self.membership.close("done")
-            self._exit(0)
+            self.mode.depart(self)
 
     def run(self) -> int:
         self.server.start()
         self.deadline.watch()
-        if self.sim is not None:
-            self.sim.at_start()
-        if self.membership is None:
-            if not self.restore() and self.rank == 0:
-                self.log.info("no checkpoint found: starting at step 0")
-                self._truncate_metrics(0)
-        else:
-            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-            if restarts:
-                # Under the coordinator torchrun restarts only this node's worker, and only when it died.
-                self.event("trainer_restarted", f"the trainer on {self.node} was restarted by torchrun (restart {restarts}): "
-                           "the previous process died; it rejoins the job", "error", restarts=restarts)
-            self.phase = TrainerPhase.JOINING
-            self.membership.start()  # only now: the model and data are ready
-            gen = self.membership.wait(self.cfg.startup_deadline_s)
-            if gen is None:
-                self.log.error("no generation took this node within {:.0f} s", self.cfg.startup_deadline_s)
-                self._exit(EXIT_REFORM)
-            assert gen is not None
-            self._enter(gen)
+        self.faults.at_start()
+        self.mode.join(self)
         self.phase = TrainerPhase.TRAINING
-        # With a coordinator, a hung collective times out first (and the job re-forms in place);
-        # the deadline is the last resort.
-        deadline = self.cfg.progress_deadline_s if self.membership is None else 2 * self.cfg.progress_deadline_s + 5
+        deadline = self.mode.progress_deadline(self.cfg)
         self.deadline.feed(deadline)
         while self.step < self.cfg.steps:
             try:
-                if self.membership is not None:
-                    self.membership.at_boundary(self.prev_time)
-                if self.sim is not None:
-                    self._sim_before_step()
+                self.mode.at_boundary(self.prev_time)
+                self._before_step()
                 ctl = self._controls()
-                if self.membership is not None and ctl[_GEN] > self.membership.number:
-                    self._change(int(ctl[_GEN]))
+                if self.mode.follow(self, ctl):
                     continue
                 self._handle(ctl)
                 self.train_step()
@@ -594,11 +425,9 @@ class Worker:
                 if tiers:
                     self.snapshot(tiers)
             except RuntimeError as exc:
-                if self.sim is not None:
-                    self.sim.on_collective_error(exc, seq=self.step + 1)
-                if self.membership is None:
+                self.faults.on_collective_error(exc, seq=self.step + 1)
+                if not self.mode.survive(self, exc):
                     raise
-                self._enter(self._wait_after_failure(exc))
                 self.deadline.feed(deadline)
         self.phase = TrainerPhase.CHECKPOINTING
         self.deadline.feed(self.cfg.startup_deadline_s)
@@ -613,8 +442,7 @@ class Worker:
             self.log.warning("tier 0 left in place: {}", why)
         if self.rank == 0:
             self.log.info("done: step {} loss {:.4f}", self.step, self.loss or float("nan"))
-        if self.membership is not None:
-            self.membership.close("done")
+        self.mode.finish()
         self.server.stop()
         return 0
 
@@ -627,38 +455,6 @@ def _setup_logging(node: str) -> None:
     fmt = "{time:HH:mm:ss.SSS} {level: <7} [{extra[node]}] {message}"
     logger.configure(extra={"node": node})
     logger.add(sys.stderr, format=fmt, level=os.environ.get("GRIDWATCH_LOG_LEVEL", "INFO"))
-
-
-def _init_limit(cfg: TrainConfig) -> float:
-    return max(30.0, 2 * cfg.progress_deadline_s)
-
-
-def _pg_timeout(cfg: TrainConfig, membership: bool) -> timedelta:
-    """How long a collective may wait. Under a coordinator, a peer that stops answering fails the
-    collective after the progress deadline and the job re-forms in place; under torchrun alone the
-    progress deadline ends the process instead, so collectives may wait longer."""
-    if membership:
-        return timedelta(seconds=max(2.0, cfg.progress_deadline_s))
-    return timedelta(seconds=max(60.0, 4 * cfg.progress_deadline_s))
-
-
-def _init_watchdog(cfg: TrainConfig, node: str) -> threading.Timer:
-    """Exit if forming a process group takes past the limit (cancel it once the group is up).
-
-    Forming can wait far past the collective timeout when a member is gone
-    (gloo's full-mesh connect waits for it); exiting lets the node start again.
-    """
-    limit = _init_limit(cfg)
-    watchdog = threading.Timer(limit, _init_timed_out, args=(node, limit))
-    watchdog.daemon = True
-    watchdog.start()
-    return watchdog
-
-
-def _init_timed_out(node: str, limit: float) -> None:
-    logger.bind(node=node).error("the process group did not form within {:.0f} s; exiting so the job re-forms", limit)
-    logger.complete()
-    os._exit(1)
 
 
 def _die_with_agent() -> None:
@@ -693,42 +489,23 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     endpoint = os.environ.get(STORE_ENV)
-    membership = None
+    mode: GroupMode
     if endpoint:
         try:
-            membership = Membership(endpoint, node)
+            mode = CoordinatedMode(Membership(endpoint, node))
         except (ValueError, RuntimeError) as exc:
             logger.bind(node=node).error("cannot reach the job's store at {}: {}", endpoint, exc)
             return EXIT_REFORM
     else:
         # torchrun's rendezvous made the group; this process lives as long as its membership.
-        watchdog = _init_watchdog(cfg, node)
-        _torchrun_group(backend, _pg_timeout(cfg, membership=False))
-        watchdog.cancel()
+        mode = TorchrunMode.form(cfg, node, backend)
     try:
-        return Worker(cfg, node, backend, membership).run()
+        return Worker(cfg, node, backend, mode).run()
     except Exception as exc:
         # A peer that died makes the next collective fail: exit so torchrun re-forms.
         logger.bind(node=node).error("training stopped: {}", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
         logger.complete()
         os._exit(1)
-
-
-def _torchrun_group(backend: str, timeout: timedelta) -> None:
-    """The process group torchrun's rendezvous named (RANK, WORLD_SIZE, MASTER_ADDR:MASTER_PORT), on a store
-    rank 0 hosts on MASTER_ADDR alone: torch's own (``env://``) would listen, unauthenticated, on every
-    interface."""
-    from gridwatch.trainer.store import listen
-
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if rank == 0:
-        listener = listen(host, port)
-        store = dist.TCPStore(host, port, world, is_master=True, wait_for_workers=False, timeout=timeout,
-                              master_listen_fd=listener.detach())
-    else:
-        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 if __name__ == "__main__":

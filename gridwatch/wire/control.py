@@ -30,9 +30,19 @@ STATUS = "status"
 COLLECTIVES = "collectives"  # the rank's collective record (args: {"limit": N})
 STACKS = "stacks"  # every thread's Python stack, as faulthandler prints it
 READ_COMMANDS: frozenset[str] = frozenset({STATUS, COLLECTIVES, STACKS})
-CONTROL_COMMANDS: frozenset[str] = frozenset(
-    {"checkpoint_now", "pause", "resume", "leave", "restart_from"}
-)
+
+
+class ControlCommand(StrEnum):
+    """The controls: queued by the trainer's control thread, applied by every rank at the next step boundary."""
+
+    CHECKPOINT_NOW = "checkpoint_now"
+    PAUSE = "pause"
+    RESUME = "resume"
+    LEAVE = "leave"
+    RESTART_FROM = "restart_from"
+
+
+CONTROL_COMMANDS: frozenset[str] = frozenset(c.value for c in ControlCommand)
 COMMANDS: frozenset[str] = CONTROL_COMMANDS | READ_COMMANDS
 # Entries of a collective record a dump returns at most (the newest): keeps a reply under its limit.
 MAX_DUMP_ENTRIES = 512
@@ -135,7 +145,7 @@ def decode_request(line: bytes) -> ControlRequest:
     if req.cmd not in COMMANDS:
         known = ", ".join(sorted(COMMANDS))
         raise ValueError(f"unknown command {clean_text(req.cmd, 40)!r}; known: {known}")
-    if req.cmd == "restart_from":
+    if req.cmd == ControlCommand.RESTART_FROM:
         restart_target(req.args)
     if req.cmd == COLLECTIVES:
         dump_limit(req.args)
