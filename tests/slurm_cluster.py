@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -65,9 +66,34 @@ class SlurmCluster:
         if done.returncode != 0:
             raise RuntimeError((done.stderr.strip() or done.stdout.strip() or "failed").splitlines()[-1])
 
+    def submit(self, workdir: Path, *, nodes: int, requeue: bool, seconds: int = 600) -> str:
+        """A batch job that is not gridwatch's (it prints when it starts, then sleeps); its job id."""
+        script = workdir / "job.sh"
+        script.write_text("#!/bin/sh\necho \"started restart=${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"\n"
+                          f"exec sleep {seconds}\n")
+        script.chmod(0o755)
+        done = subprocess.run(["sbatch", "--parsable", "-N", str(nodes), "--requeue" if requeue else "--no-requeue",
+                               "-o", str(workdir / "job-%j.out"), "-J", "plain-job", str(script)],
+                              env=self.env(), capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise AssertionError(f"sbatch failed: {done.stdout}{done.stderr}")
+        return done.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as fields, read without the product's parser."""
+        return dict(re.findall(r"(\w+)=(\S*)", self.scontrol("show", "job", "-o", job_id)))
+
+    def cancel_jobs(self) -> None:
+        subprocess.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name],
+                       env=self.env(), capture_output=True, timeout=30)
+        wait_until_sync(lambda: not subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env(), capture_output=True,
+                                                   text=True, timeout=30).stdout.strip(),
+                        timeout=60, what="every test job gone")
+
     def reset(self) -> None:
-        """Every node back in the pool and answering, the controller up: what each test starts from."""
+        """Every node back in the pool and answering, the controller up, no job left: what each test starts from."""
         self.script("start-controller")
+        self.cancel_jobs()
         # After a controller restart the nodes are UNKNOWN until their slurmd registers again; RESUME waits for that.
         wait_until_sync(lambda: not any(w in self.node(n)[0] for n in NODES for w in ("UNKNOWN", "NOT_RESPONDING")),
                         timeout=60, what="every slurmd registered with the controller")

@@ -118,6 +118,10 @@ async def test_a_real_incident_shows_in_the_console_metrics_and_every_dashboard_
         assert kept == (4, rec.gpu_hours_lost)
         text = await asyncio.to_thread(scrape, metrics.port)
         assert 'gridwatch_console_incidents_open{severity="critical"} 1.0' in text
+        # The same incident's phase, as the store has it: it acted, and the job trained past the fault.
+        assert store.incident(rec.id).phase == "recovered"
+        assert 'gridwatch_console_incidents{phase="recovered"} 1.0' in text
+        assert 'gridwatch_console_incidents{phase="open"} 0.0' in text
         assert 'gridwatch_console_actions_total{action="isolate",outcome="ok"} 1.0' in text
         assert "gridwatch_console_time_to_recover_seconds_count 1.0" in text
         assert 'gridwatch_console_time_seconds{use="detection",window="run"}' in text

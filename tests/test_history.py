@@ -134,8 +134,8 @@ def test_the_same_gpu_failing_again_is_the_hardware_and_follows_the_gpu_to_anoth
     engine.observe("node1", _hello("node1", ["GPU-node1-0", "GPU-node1-1", "GPU-new-7", "GPU-node1-3"]))
     engine.observe("node3", _hello("node3", ["GPU-node1-2", "GPU-node3-1", "GPU-node3-2", "GPU-node3-3"]))
     (again,) = _xid(engine, "node3", 0, 119)
-    assert [s for s, _ in _acting(again)] == ["capture_scene", "isolate_node", "drain_node", "restart_from_checkpoint",
-                                               "notify"]  # the inspection plan
+    assert [s for s, _ in _acting(again)] == ["capture_scene", "isolate_node", "drain_node", "requeue_job",
+                                               "restart_from_checkpoint", "notify"]  # the inspection plan
     assert "GPU-node1-2" in again.incident.summary and "earlier on node1" in again.incident.summary
     (verdict,) = [e for e in engine.history.take(again.incident.id) if e.kind == HistoryKind.DECISION]
     assert (verdict.verdict, verdict.gpu_uuid, verdict.shadow) == ("hardware", "GPU-node1-2", False)

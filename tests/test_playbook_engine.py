@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.model import Playbook
 from gridwatch.playbooks.schema import check_text
 from gridwatch.wire.protocol import Event, GpuSample, Hello, LogLine, Sample, Summary, TrainerStatus
@@ -330,3 +333,26 @@ def test_a_node_that_sends_one_frame_and_goes_silent_again_is_planned_again() ->
     (again,) = engine.tick()
     assert again.incident.id == first.incident.id and engine.no_longer_holds(first.incident.id) is None
     assert [s.step for s in again.steps] == ["notify", "isolate_node"]
+
+
+def test_an_incident_moves_open_acting_recovered_resolved_as_its_store_records_it(tmp_path: Path) -> None:
+    from gridwatch.playbooks.incident_times import Phase
+    from gridwatch.playbooks.store import IncidentStore
+    clock = ManualClock(1000.0)
+    engine = Engine(load_builtin(), clock)
+    for name in ("node-1", "node-2"):
+        engine.observe(name, Hello(node=name))
+    (plan,) = engine.observe("node-2", Event(node="node-2", kind="xid", code=79, gpu=0, severity="critical",
+                                             message="GPU has fallen off the bus"))
+    store = IncidentStore(tmp_path / "incidents.db", clock)
+    store.save_plan(plan)
+    seen = [store.incident(plan.incident.id).phase]
+    store.mark_acted(plan.incident.id, 1001.0)
+    seen.append(store.incident(plan.incident.id).phase)
+    store.acknowledge(plan.incident.id, "alice")  # a mark beside the phase, not a phase
+    seen.append(store.incident(plan.incident.id).phase)
+    store.mark_recovered(plan.incident.id, 1010.0)
+    seen.append(store.incident(plan.incident.id).phase)
+    store.resolve(plan.incident.id, "alice", "GPU replaced")
+    seen.append(store.incident(plan.incident.id).phase)
+    assert seen == [Phase.OPEN, Phase.ACTING, Phase.ACTING, Phase.RECOVERED, Phase.RESOLVED]

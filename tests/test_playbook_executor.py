@@ -241,7 +241,8 @@ async def test_a_superseded_plan_stands_down_and_cannot_be_confirmed(tmp_path: P
     assert [r.step for r in waiting] == ["isolate_node"]
     records = await executor.run(hardware)
     # No scheduler configured: the drain is skipped and says why, never "done".
-    assert [(r.step, r.state) for r in records if r.state != "done"] == [("drain_node", "skipped")]
+    assert [(r.step, r.state) for r in records if r.state != "done"] == [("drain_node", "skipped"),
+                                                                        ("requeue_job", "skipped")]
     assert [r.outcome for r in records if r.step == "drain_node"] == ["no scheduler configured"]
     assert [r.state for r in store.steps(straggler.incident.id)] == ["done", "done", "skipped", "skipped"]
     assert store.incident(straggler.incident.id).state == "resolved"

@@ -78,7 +78,7 @@ def test_replay_json_prints_one_object_per_step(capsys: pytest.CaptureFixture[st
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["step"], r["target"], r["decision"]) for r in rows] == [
         ("notify", "node2", "act"), ("isolate_node", "node2", "act"),
-        ("drain_node", "node2", "act"), ("restart_from_checkpoint", "job", "act"),
+        ("drain_node", "node2", "act"), ("requeue_job", "node2", "skip"), ("restart_from_checkpoint", "job", "act"),
     ]
     assert {"incident", "playbook", "step", "target", "at", "decision"} <= set(rows[0])
     assert rows[0]["at"] == 1700000009.0

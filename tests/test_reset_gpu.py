@@ -172,7 +172,7 @@ def test_the_same_xid_after_two_resets_escalates_to_hardware_inspection() -> Non
     reset = [("capture_scene", "act"), ("reset_gpu", "act"), ("restart_from_checkpoint", "act"), ("notify", "act")]
     assert plans[:2] == [reset, reset]
     assert plans[2] == [("capture_scene", "act"), ("isolate_node", "act"), ("drain_node", "act"),
-                        ("restart_from_checkpoint", "act"), ("notify", "act")]
+                        ("requeue_job", "skip"), ("restart_from_checkpoint", "act"), ("notify", "act")]
     (inspected,) = [i for i in engine.incidents(include_closed=True) if "hardware inspection" in i.summary]
     assert "came back after 2 reset_gpu within 1d" in inspected.summary
     # Another XID code on the same GPU, or the same code on another GPU, is not a repeat.

@@ -261,7 +261,10 @@ async def test_an_xid_79_takes_the_node_out_in_slurm_the_job_goes_on_and_a_retur
 
     # Every step that ran is in the audit before and after, the drain with the very argv sent.
     audit = d.audit(incident)
-    for name, _, _ in d.steps(incident):
+    for name, state, _ in d.steps(incident):
+        if state == "skipped":  # planned not to run: gridwatch's trainer leaves node-2 in place, no requeue
+            assert name == "requeue_job", (name, _explain(d, incident))
+            continue
         phases = [phase for _, what, _, phase, _ in audit if what.startswith(f"{name} on ")]
         assert phases == ["before", "after"], (name, audit)
     sent = [(what, why, phase) for _, what, why, phase, _ in audit if what.startswith("scontrol update")]

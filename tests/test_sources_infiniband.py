@@ -491,7 +491,7 @@ def test_the_shipped_playbook_takes_a_downed_link_out_and_only_notifies_on_error
     by_name = {pb.name: pb for pb in result.playbooks}
     assert set(by_name) == {"ib-link-down", "ib-link-degraded"}
     assert [s.action for s in by_name["ib-link-down"].plan] == ["capture_scene", "isolate_node", "drain_node",
-                                                                 "restart_from_checkpoint", "notify"]
+                                                                 "requeue_job", "restart_from_checkpoint", "notify"]
     assert [s.action for s in by_name["ib-link-degraded"].plan] == ["notify"]
 
 

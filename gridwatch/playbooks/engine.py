@@ -23,7 +23,17 @@ from gridwatch.playbooks.engine_plan import MAX_REPLANS, RESTART_COALESCE, Plann
 from gridwatch.playbooks.engine_state import BLAME_FRESH, NodeState, _Symptom
 from gridwatch.playbooks.model import Playbook
 from gridwatch.playbooks.plans import Incident, Plan
-from gridwatch.wire.protocol import HEARSAY_VERSION, STALE_AFTER_INTERVALS, Event, Frame, Hello, LogLine, Sample, Summary
+from gridwatch.wire.protocol import (
+    HEARSAY_VERSION,
+    STALE_AFTER_INTERVALS,
+    Event,
+    Frame,
+    Hello,
+    LogLine,
+    Sample,
+    Summary,
+    TrainerPhase,
+)
 
 if TYPE_CHECKING:
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
@@ -37,6 +47,9 @@ __all__ = [
 ]
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9]")
+
+# A trainer in these phases is not there to leave a node in place (the scheduler's job is what runs).
+_NOT_ATTACHED = (TrainerPhase.GONE, TrainerPhase.LEFT, TrainerPhase.DONE)
 
 
 class Engine(Matching, Planning):
@@ -106,6 +119,7 @@ class Engine(Matching, Planning):
                 self.ledger.returned(node.name, now)
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
+            node.trainer_attached = frame.trainer is not None and frame.trainer.phase not in _NOT_ATTACHED
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step

@@ -90,7 +90,7 @@ class Planning(EngineCore):
             for step in steps:
                 if step.decision != "act":
                     continue
-                if step.step in REMOVING_STEPS or step.step == "reset_gpu":
+                if step.step in REMOVING_STEPS or step.step in ("reset_gpu", "requeue_job"):
                     step.decision = "skip"
                     step.reason = (f"{incident.node} is known only from Prometheus: no gridwatch agent speaks "
                                    f"for it, and no node is taken out on an exporter's word alone")
@@ -241,6 +241,10 @@ class Planning(EngineCore):
             if spec.action == "restart_from_checkpoint":
                 step.checkpoint_step = self._common_checkpoint(step.nodes, step.before_step
                                                                if spec.checkpoint == "before" else None)
+            if spec.action == "requeue_job" and cause is not None and cause.trainer_attached:
+                step.decision = "skip"
+                step.reason = (f"the job on {incident.node} is gridwatch's trainer: it leaves the node in place "
+                               f"and goes on, not requeued")
             if job_wide and not live:
                 step.decision, step.reason = "skip", "no live node left in the job to send it to"
             steps.append(step)

@@ -54,6 +54,7 @@ class NodeState:
     unheard_via: str = ""  # the relay carrying it is down: its silence is the relay's, no evidence about it
     excused_at: float = float("-inf")  # silence before this is not held against it (its relay was down)
     trainer_step: int | None = None
+    trainer_attached: bool = False  # gridwatch's trainer (or its API) answers on the node: it leaves in place
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
     boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run

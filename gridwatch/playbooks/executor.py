@@ -9,6 +9,11 @@ Where each step goes:
   the engine lists in ``PlannedStep.nodes`` every live node not taken out of the
   job, and each gets the agent action (``checkpoint_now``, ``pause``,
   ``restart_from``) at once; the step succeeds only if all of them do.
+- ``requeue_job`` goes to the scheduler too (``gridwatch.playbooks.jobs``), after
+  the node's drain: the jobs running on the node that opted in are requeued and
+  let start at once; one that did not opt in is left running and the step fails
+  (the incident pages). A ``restart_from_checkpoint`` after a requeue that moved
+  a job is skipped: the scheduler restarts that job, and no other node is told.
 - ``drain_node`` goes to the configured scheduler (``gridwatch.playbooks.scheduler``): the
   node is read first, a drain someone else made is left as it is, and every
   command is audited with its argv and the reason sent. With no scheduler the
@@ -40,7 +45,8 @@ import msgspec
 from loguru import logger
 
 from gridwatch.playbooks.clock import Clock, SystemClock
-from gridwatch.playbooks.model import ACTING_STEPS
+from gridwatch.playbooks.jobs import Job, JobRequeuer, jobs_backend_for
+from gridwatch.playbooks.model import ACTING_STEPS, SCHEDULER_STEPS
 from gridwatch.playbooks.notify import CommandRunner, DefaultNotifier, SubprocessRunner
 from gridwatch.playbooks.plans import Incident, Plan, PlannedStep
 from gridwatch.playbooks.scheduler import (
@@ -48,6 +54,7 @@ from gridwatch.playbooks.scheduler import (
     Backoff,
     ControllerUnreachable,
     DrainRefused,
+    Hold,
     SchedulerClient,
     SchedulerError,
     backend_for,
@@ -128,6 +135,10 @@ class StepFailed(Exception):
     """A step did not do what it should; the message is the outcome recorded."""
 
 
+class StepSkipped(Exception):
+    """The step had nothing to do once it came to run; the message says why."""
+
+
 class StepPending(Exception):
     """The step cannot be done yet (the scheduler's controller did not answer); it is tried again."""
 
@@ -183,6 +194,8 @@ class Executor:
         self.drain_retry = drain_retry or Backoff()
         self.scheduler_timeout = scheduler_timeout  # return to service has no step, so no step timeout
         self._retrying: dict[str, tuple[str, asyncio.Task[None]]] = {}  # step id -> (node, its retry)
+        self._jobs_seen: dict[str, list[Job]] = {}  # requeue step id -> the jobs a try found on its node
+        self._requeued: dict[str, str] = {}  # incident id -> what its requeue step moved, in words
         # Asked before each step starts: None, or why this console may not start one now (another leads).
         self.gate: Callable[[], str | None] = lambda: None
         # Asked before each step starts: None, or why the incident's condition no longer holds (a lost
@@ -337,7 +350,7 @@ class Executor:
                 continue
             who = confirmed_by or self.who
             why = f"{incident.playbook}: {incident.summary}"
-            if step.step == "drain_node" and self._backend_of(step) is None:
+            if step.step in SCHEDULER_STEPS and self._backend_of(step) is None:
                 # Nothing was told: "done" would make the operator believe the node left the pool.
                 self._settle_step(step, "skipped", NO_SCHEDULER)
                 self.store.audit(who, self._describe(step), why, incident=incident_id, step=step.id, phase="after",
@@ -365,12 +378,14 @@ class Executor:
                 state = "done"
             except TimeoutError:
                 outcome, state = f"timed out after {step.timeout:g}s{audit.killed('the step timed out')}", "failed"
-                if step.step == "drain_node":
-                    # The controller may have taken the drain before the command was killed: not "failed",
+                if step.step in SCHEDULER_STEPS:
+                    # The controller may have taken the drain (or the requeue) before the command was killed: not "failed",
                     # but unknown; the retry reads the node again before it records (or sends) anything.
                     outcome, state = f"{UNKNOWN_OUTCOME} ({outcome})", PENDING
             except StepPending as exc:
                 outcome, state = f"{PENDING_OUTCOME} ({exc})", PENDING
+            except StepSkipped as exc:
+                outcome, state = str(exc), "skipped"
             except (StepFailed, DrainRefused, OSError, RuntimeError, ValueError) as exc:
                 outcome, state = str(exc) or exc.__class__.__name__, "failed"
             finally:
@@ -452,6 +467,37 @@ class Executor:
         except SchedulerError as exc:
             raise StepFailed(str(exc)) from None
 
+    async def _scheduler_step(self, step: PlannedStep, incident: Incident, who: str, audit: _CommandAudit) -> str:
+        if step.step == "requeue_job":
+            return await self._requeue(step, incident, audit)
+        return await self._drain(step, incident, who, audit)
+
+    async def _requeue(self, step: PlannedStep, incident: Incident, audit: _CommandAudit) -> str:
+        """Requeue the jobs on the incident's node once it is drained; the outcome, job by job."""
+        backend = self._backend_of(step)
+        jobs = jobs_backend_for(backend.kind) if backend is not None else None
+        if backend is None or jobs is None:
+            raise StepFailed(NO_SCHEDULER)
+        client = SchedulerClient(backend, self.runner, audit, step.timeout)
+        seen = self._jobs_seen.setdefault(step.id, [])
+        try:
+            held = await client.hold(step.target)
+            if held.hold is Hold.NONE:
+                raise StepPending(f"{step.target} is not drained in {backend.title} yet, and a job requeued now "
+                                  f"could start on it again")
+            done = await JobRequeuer(client, jobs).requeue(step.target, seen)
+        except ControllerUnreachable as exc:
+            raise StepPending(str(exc)) from None
+        except SchedulerError as exc:
+            raise StepFailed(str(exc)) from None
+        outcome = done.outcome(backend.title, step.target)
+        if done.done:
+            self._requeued[incident.id] = "; ".join(done.done)
+        if done.refused:
+            raise StepFailed(outcome)
+        self._jobs_seen.pop(step.id, None)
+        return outcome
+
     def _start_retry(self, step: PlannedStep, incident: Incident, who: str, unknown: bool = False) -> None:
         task = asyncio.create_task(self._keep_draining(step, incident, who, unknown), name=f"drain {step.id}")
         self._retrying[step.id] = (step.target, task)
@@ -478,7 +524,7 @@ class Executor:
                     return
                 audit = _CommandAudit(self.store, who, why, incident.id, step.id)
                 try:
-                    outcome = await asyncio.wait_for(self._drain(step, incident, who, audit), step.timeout)
+                    outcome = await asyncio.wait_for(self._scheduler_step(step, incident, who, audit), step.timeout)
                 except (TimeoutError, StepPending):
                     audit.killed("the try timed out")
                     failures += 1
@@ -515,9 +561,10 @@ class Executor:
             if entry is not None:
                 entry[1].cancel()
                 tasks.append(entry[1])
-            self._settle_step(record.planned, "skipped", f"not drained: {why}")
-            self.store.audit(self.who, f"drain_node on {record.target}", why, incident=record.incident,
-                             step=record.id, phase="after", outcome=f"skipped: not drained: {why}")
+            undone = "not requeued" if record.step == "requeue_job" else "not drained"
+            self._settle_step(record.planned, "skipped", f"{undone}: {why}")
+            self.store.audit(self.who, f"{record.step} on {record.target}", why, incident=record.incident,
+                             step=record.id, phase="after", outcome=f"skipped: {undone}: {why}")
             stopped.append(record.incident)
         return stopped, tasks
 
@@ -527,13 +574,16 @@ class Executor:
         reason = f"{incident.playbook}: {incident.summary}"
         if step.step in ("notify", "escalate"):
             return await self.notifier.notify(step, incident, self._told(step, incident), step.step == "escalate")
-        if step.step == "drain_node":
-            return await self._drain(step, incident, who, audit)
+        if step.step in SCHEDULER_STEPS:
+            return await self._scheduler_step(step, incident, who, audit)
         if step.step == "wait_for":
             return await self._wait(step)
         action = STEP_ACTIONS[step.step]
         args: dict[str, Any] = {"incident": incident.id}
         if step.step == "restart_from_checkpoint":
+            moved = self._requeued.get(incident.id)
+            if moved:  # the scheduler restarts that job from its own checkpoint; nobody else is told anything
+                raise StepSkipped(f"not sent: the scheduler restarts the job ({moved})")
             args.update(restart_args(step))
         if step.step == "reset_gpu":
             if incident.gpu is None:

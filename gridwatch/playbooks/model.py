@@ -22,6 +22,7 @@ STEP_NAMES: tuple[str, ...] = (
     "reset_gpu",
     "isolate_node",
     "drain_node",
+    "requeue_job",
     "restart_from_checkpoint",
     "pause_training",
     "notify",
@@ -33,8 +34,11 @@ REMOVING_STEPS: frozenset[str] = frozenset({"isolate_node", "drain_node"})
 # Steps that change something; a guard that stops a plan stops these and lets
 # the harmless ones (keeping the scene, telling people) go ahead.
 ACTING_STEPS: frozenset[str] = frozenset(
-    {"checkpoint_now", "isolate_node", "drain_node", "restart_from_checkpoint", "pause_training", "reset_gpu"}
+    {"checkpoint_now", "isolate_node", "drain_node", "requeue_job", "restart_from_checkpoint", "pause_training",
+     "reset_gpu"}
 )
+# Steps the workload scheduler runs (gridwatch.playbooks.scheduler, gridwatch.playbooks.jobs), not an agent.
+SCHEDULER_STEPS: frozenset[str] = frozenset({"drain_node", "requeue_job"})
 # Steps that act on one GPU, the incident's: their playbook must have scope gpu.
 GPU_STEPS: frozenset[str] = frozenset({"reset_gpu"})
 # Steps that act on the whole job: sent to every live node that is not isolated.

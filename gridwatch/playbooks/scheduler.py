@@ -242,13 +242,9 @@ class SchedulerClient:
     async def hold(self, node: str) -> NodeHold:
         """Whose drain ``node`` is under; ControllerUnreachable or SchedulerError when that cannot be read."""
         argv = self.backend.read_argv(node)
-        result = await self._run(argv)
-        if result.returncode != 0:
-            error = self._error(argv, result)
-            self.record(argv, str(error))
-            raise error
+        output = await self.read(argv, record=False)
         try:
-            found = self.backend.parse(node, result.output)
+            found = self.backend.parse(node, output)
         except SchedulerError as exc:
             self.record(argv, str(exc))
             raise
@@ -263,7 +259,7 @@ class SchedulerClient:
         if found.hold is Hold.OURS:
             return f"already drained by gridwatch ({found.describe()}); left as it is"
         for argv in self.backend.drain_argvs(node, reason):
-            await self._act(argv)
+            await self.act(argv)
         was = f"; it was {found.describe()}" if found.reason else ""
         return f"drained in {self.backend.title} with reason {reason!r}{was}"
 
@@ -278,10 +274,22 @@ class SchedulerClient:
         if found.hold is Hold.FOREIGN:
             return found, f"drained by someone else ({found.describe()}): left drained"
         for argv in self.backend.resume_argvs(node):
-            await self._act(argv)
+            await self.act(argv)
         return found, f"resumed in {self.backend.title} (was {found.describe()})"
 
-    async def _act(self, argv: list[str]) -> None:
+    async def read(self, argv: list[str], record: bool = True) -> str:
+        """What a command that changes nothing printed; recorded (unless the caller records what it read)."""
+        result = await self._run(argv)
+        if result.returncode != 0:
+            error = self._error(argv, result)
+            self.record(argv, str(error))
+            raise error
+        if record:
+            self.record(argv, f"read: {_tail(result.output) or 'nothing'}")
+        return result.output
+
+    async def act(self, argv: list[str]) -> None:
+        """Run a command that changes something: recorded before it runs and after."""
         self.record(argv, None)
         result = await self._run(argv)
         if result.returncode != 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,7 @@ _STEP_KEYS = (
 # Which options make sense on which step; anything else is a mistake worth naming.
 _STEP_OPTIONS: dict[str, frozenset[str]] = {
     "drain_node": frozenset({"scheduler"}),
+    "requeue_job": frozenset({"scheduler"}),
     "restart_from_checkpoint": frozenset({"checkpoint"}),
     "notify": frozenset({"channel", "url", "command", "message"}),
     "escalate": frozenset({"channel", "url", "command", "message"}),
@@ -412,7 +413,8 @@ def _guards(c: _Checker, node: Node) -> Guards:
 
 # What the repeat rule plans when the same XID came back after its fix: the GPU needs a person.
 INSPECTION_PLAN: tuple[Step, ...] = (
-    Step("capture_scene"), Step("isolate_node"), Step("drain_node"), Step("restart_from_checkpoint"),
+    Step("capture_scene"), Step("isolate_node"), Step("drain_node"), Step("requeue_job"),
+    Step("restart_from_checkpoint"),
     Step("notify", message="hardware inspection: the same fault came back after the fix; node isolated and drained"),
 )
 
@@ -536,6 +538,8 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
                  if s.action in GPU_STEPS]
     if gpu_steps and fields.get("scope", "node") != "gpu":
         c.error(keys["plan"][1], f"{gpu_steps[0].action} acts on the incident's GPU; it needs scope: gpu")
+    for plan_steps in (steps, fields.get("blame_plan", ()), guards.repeat_then if guards else ()):
+        _requeue_after_drain(c, node, plan_steps)
     per_gpu = [r.name for r in (guards.history if guards else ()) if r.name != HistoryRuleName.REMEDIATIONS]
     if per_gpu and fields.get("scope", "node") != "gpu":
         c.error(keys["guards"][1], f"guards.history.{per_gpu[0]} reads the incident's GPU; it needs scope: gpu")
@@ -545,6 +549,16 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
         return None
     return Playbook(name=name, trigger=trigger, plan=tuple(steps), source=c.path,
                     line=node.start_mark.line + 1, **fields)
+
+
+def _requeue_after_drain(c: _Checker, where: Node, steps: Sequence[Step]) -> None:
+    """A job requeued before its node is drained may be started on that node again."""
+    names = [s.action for s in steps]
+    if "requeue_job" in names and "drain_node" not in names[:names.index("requeue_job")]:
+        line = next(s.line for s in steps if s.action == "requeue_job")
+        c.errors.append(PlaybookError(c.path, line or where.start_mark.line + 1, 1,
+                                      "requeue_job needs a drain_node before it in the same plan "
+                                      "(a job requeued onto a node still in the pool may start there again)"))
 
 
 def check_text(text: str, path: str) -> tuple[list[Playbook], list[PlaybookError]]:

@@ -27,7 +27,7 @@ from loguru import logger
 
 from gridwatch.playbooks.clock import Clock, SystemClock
 from gridwatch.playbooks.history import RETURN_WHAT, HistoryEntry, HistoryKind
-from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
+from gridwatch.playbooks.incident_times import Phase, incident_phase, time_to_detect, time_to_recover
 from gridwatch.playbooks.model import ACTING_STEPS
 from gridwatch.playbooks.plans import Incident, Plan, PlannedStep
 from gridwatch.playbooks.store_db import (
@@ -92,6 +92,10 @@ class IncidentRecord(msgspec.Struct, kw_only=True):
     @property
     def detect_s(self) -> float | None:
         return time_to_detect(self.fault_at, self.detected_at)
+
+    @property
+    def phase(self) -> Phase:
+        return incident_phase(self.state, self.acted_at, self.recovered_at)
 
     @property
     def recover_s(self) -> float | None:

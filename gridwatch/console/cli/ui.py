@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gridwatch.console.cli.commands import add_target_options, cluster_config, resolve_targets
+from gridwatch.playbooks.incident_times import Phase
 from gridwatch.playbooks.model import SCHEDULERS
 from gridwatch.wire.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
@@ -264,6 +265,7 @@ async def _headless(runtime: ConsoleRuntime, duration: float | None, control: st
     behind_relay: set[str] = set()  # nodes down with their relay: said by the relay's line
     seen_incidents: set[str] = set()
     blames: dict[str, str] = {}  # incident -> the blame last printed
+    phases: dict[str, Phase] = {}  # incident -> the phase last printed
     trainers = (0, False)  # nodes reporting a trainer, and whether it had a step, as last said
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -295,6 +297,9 @@ async def _headless(runtime: ConsoleRuntime, duration: float | None, control: st
                         seen_incidents.add(row.id)
                         print(clean_text(f"incident {row.id} {row.severity} {row.node}: {row.title} [{row.state}]"),
                               flush=True)
+                    if phases.get(row.id, Phase.OPEN) != row.phase:  # each move of its life, once
+                        phases[row.id] = row.phase
+                        print(clean_text(f"incident {row.id} {row.phase}"), flush=True)
                     # Who is to blame often comes after the incident (the records are read when a hang is suspected).
                     if row.blamed and blames.get(row.id) != row.blame_why:
                         blames[row.id] = row.blame_why

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Events that say a collective may hang: the watchdog's timeout, a trainer that stopped answering.
 HANG_EVENTS: frozenset[str] = frozenset({"nccl_timeout", "nccl_error", "trainer_exit"})
-# A waiting rank's own report that its generation's collective failed (trainer/worker.py): the
+# A waiting rank's own report that its generation's collective failed (trainer/modes.py): the
 # first word of a hang under the membership coordinator, seconds before the frozen trainer is
 # reported gone, and read then, a plan that isolates comes before a plain one would.
 GENERATION_FAILED = ("membership", "warning")

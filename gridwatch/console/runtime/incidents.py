@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gridwatch.console.fleet.state import Clock, StateStore, SystemClock
-from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
+from gridwatch.playbooks.incident_times import Phase, incident_phase, time_to_detect, time_to_recover
 
 # ------------------------------------------------------------------------ incidents
 
@@ -46,6 +46,10 @@ class IncidentRow:
     @property
     def detect_s(self) -> float | None:
         return time_to_detect(self.fault_at, self.detected_at)
+
+    @property
+    def phase(self) -> Phase:
+        return incident_phase(self.state, self.acted_at, self.recovered_at)
 
     @property
     def recover_s(self) -> float | None:

@@ -36,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gridwatch.console.fleet.goodput import TimeUse
+from gridwatch.playbooks.incident_times import Phase
 from gridwatch.wire.protocol import SEVERITIES, ActionResult
 from gridwatch.wire.settings import ConfigError, split_hostport
 
@@ -186,6 +187,14 @@ class _Collector(Collector):
         for severity, count in open_by.items():
             family.add_metric([severity], count)
         yield family
+        by_phase = dict.fromkeys(Phase, 0)
+        for row in rows:
+            by_phase[row.phase] += 1
+        phases = GaugeMetricFamily(f"{PREFIX}incidents", "Incidents by phase (open, acting, recovered, resolved), "
+                                   "of the newest 10,000.", labels=["phase"])
+        for phase, count in by_phase.items():
+            phases.add_metric([phase.value], count)
+        yield phases
 
         actions = CounterMetricFamily(f"{PREFIX}actions", "Steps sent to nodes, by action and outcome.",
                                       labels=["action", "outcome"])

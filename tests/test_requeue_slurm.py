@@ -1,0 +1,175 @@
+"""requeue_job against a real Slurm: a batch job gridwatch did not write is moved off a bad node.
+
+The job is a plain shell script under ``sbatch`` (it imports nothing of gridwatch). The agents' side of
+the plan goes to an in-memory sink: what is under test is what Slurm does, read with scontrol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.executor import Executor
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.playbooks.plans import Plan
+from gridwatch.playbooks.scheduler import Backoff
+from gridwatch.playbooks.store import IncidentStore, StepRecord
+from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample
+from tests.conftest import wait_until, wait_until_sync
+from tests.slurm_cluster import NODES, SlurmCluster, missing, shared
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
+    try:
+        return shared(tmp_path_factory.mktemp("slurm"))
+    except RuntimeError as exc:
+        pytest.skip(f"Slurm would not start here: {exc}")
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Any:
+    slurm_cluster.reset()
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    yield slurm_cluster
+    slurm_cluster.cancel_jobs()
+
+
+class Sink:
+    """Agents with no trainer of gridwatch's: they do what they are told, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
+        self.calls.append((node, action))
+        return ActionResult(node=node, id="x", action=action, ok=True, message="done")
+
+
+class Told:
+    """A notifier that keeps what it was asked to say."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, bool]] = []
+
+    async def notify(self, step: Any, incident: Any, text: str, escalation: bool) -> str:
+        self.said.append((text, escalation))
+        return "told"
+
+
+def xid79(node: str = "node-2") -> Plan:
+    """The shipped plan for an XID 79 on ``node``, whose agents report no trainer (the job is not ours)."""
+    engine = Engine(load_builtin(), ManualClock(1000.0))
+    for name in NODES:
+        engine.observe(name, Hello(node=name))
+        engine.observe(name, Sample(node=name))
+    (plan,) = engine.observe(node, Event(node=node, kind="xid", code=79, gpu=0, severity="critical",
+                                         message="GPU has fallen off the bus"))
+    return plan
+
+
+def executor_for(tmp_path: Path, **kw: Any) -> tuple[Executor, IncidentStore, Sink, Told]:
+    clock = kw.pop("clock", None) or ManualClock(1000.0)
+    store = IncidentStore(tmp_path / "incidents.db", clock)
+    sink, told = Sink(), Told()
+    executor = Executor(store, sink, clock=clock, scheduler="slurm", who="alice", notifier=told, **kw)
+    return executor, store, sink, told
+
+
+def step(store: IncidentStore, plan: Plan, name: str) -> StepRecord:
+    return next(s for s in store.steps(plan.incident.id) if s.step == name)
+
+
+def running_on(slurm: SlurmCluster, job: str, nodes: str) -> bool:
+    fields = slurm.job(job)
+    return fields.get("JobState") == "RUNNING" and fields.get("NodeList") == nodes
+
+
+async def test_a_job_gridwatch_did_not_write_is_requeued_off_the_drained_node_and_starts_at_once(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm.submit(tmp_path, nodes=3, requeue=True)
+    wait_until_sync(lambda: running_on(slurm, job, "node-[1-3]"), timeout=30, what="the job running on node-[1-3]")
+    plan = xid79("node-2")
+    executor, store, sink, _ = executor_for(tmp_path)
+    await executor.run(plan)
+
+    drain, requeue = step(store, plan, "drain_node"), step(store, plan, "requeue_job")
+    assert drain.state == "done" and slurm.drained("node-2"), drain.outcome
+    assert requeue.state == "done", requeue.outcome
+    assert requeue.outcome.startswith(f"requeued job {job} (plain-job, user ")
+    assert "pending again, asked to start now" in requeue.outcome
+    # Slurm would hold a requeued job about two minutes; asked to start now, it runs again at once, on the
+    # nodes left (node-2 is drained), and the scheduler restarts it: no agent is told to restart anything.
+    wait_until_sync(lambda: running_on(slurm, job, "node-[1,3-4]"), timeout=30,
+                    what="the requeued job running again without node-2")
+    assert slurm.job(job)["Restarts"] == "1"
+    restart = step(store, plan, "restart_from_checkpoint")
+    assert restart.state == "skipped" and restart.outcome.startswith("not sent: the scheduler restarts the job")
+    assert not [c for c in sink.calls if c[1] == "restart_from"]
+    # Each command is in the audit with its argv, before and after.
+    sent = [(a.what, a.phase) for a in store.audit_log(plan.incident.id) if a.what.startswith("scontrol ")
+            and ("requeue" in a.what or "StartTime" in a.what)]
+    assert sent == [(f"scontrol requeue {job}", "before"), (f"scontrol requeue {job}", "after"),
+                    (f"scontrol update JobId={job} StartTime=now", "before"),
+                    (f"scontrol update JobId={job} StartTime=now", "after")]
+
+    # The same plan run again (a console restarted, a standby taking over) requeues nothing more.
+    await executor.run(plan)
+    assert slurm.job(job)["Restarts"] == "1"
+    assert [a.phase for a in store.audit_log() if a.what == f"scontrol requeue {job}"] == ["before", "after"]
+
+
+async def test_a_job_that_did_not_opt_in_is_drained_not_requeued_and_the_incident_pages(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm.submit(tmp_path, nodes=3, requeue=False)
+    wait_until_sync(lambda: running_on(slurm, job, "node-[1-3]"), timeout=30, what="the job running on node-[1-3]")
+    plan = xid79("node-2")
+    executor, store, _, told = executor_for(tmp_path)
+    await executor.run(plan)
+    requeue = step(store, plan, "requeue_job")
+    assert requeue.state == "failed"
+    assert f"job {job} (plain-job" in requeue.outcome and "did not opt in to requeue" in requeue.outcome
+    assert "sbatch --requeue" in requeue.outcome
+    assert slurm.drained("node-2") and running_on(slurm, job, "node-[1-3]")  # left as it runs
+    assert slurm.job(job)["Restarts"] == "0"
+    assert not [a for a in store.audit_log() if a.what.startswith("scontrol requeue")]
+    # A person hears of it, with the reason.
+    assert any(escalation and "did not opt in to requeue" in text for text, escalation in told.said), told.said
+
+
+async def test_with_the_controller_down_the_requeue_waits_and_happens_once_when_it_answers(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job = slurm.submit(tmp_path, nodes=3, requeue=True)
+    wait_until_sync(lambda: running_on(slurm, job, "node-[1-3]"), timeout=30, what="the job running on node-[1-3]")
+    clock = ManualClock(1000.0)
+    executor, store, _, _ = executor_for(tmp_path, clock=clock, poll_interval=0.01,
+                                         drain_retry=Backoff(first=1.0, cap=2.0))
+    plan = xid79("node-2")
+    slurm.script("stop-controller")
+    try:
+        await executor.run(plan)
+        assert step(store, plan, "drain_node").state == "pending"
+        requeue = step(store, plan, "requeue_job")
+        assert requeue.state == "pending" and requeue.outcome.startswith("controller unreachable, retrying")
+        slurm.script("start-controller")
+
+        def settled() -> bool:
+            clock.advance(0.5)  # the backoff waits on the executor's clock
+            return step(store, plan, "requeue_job").state != "pending"
+
+        await wait_until(settled, timeout=90, what="the retried requeue")
+        requeue = step(store, plan, "requeue_job")
+        assert requeue.state == "done", requeue.outcome
+        assert f"requeued job {job}" in requeue.outcome
+        assert slurm.drained("node-2")
+        wait_until_sync(lambda: running_on(slurm, job, "node-[1,3-4]"), timeout=30,
+                        what="the requeued job running again without node-2")
+        assert slurm.job(job)["Restarts"] == "1"
+    finally:
+        await executor.close()
