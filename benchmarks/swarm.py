@@ -151,6 +151,7 @@ async def start_agents(count: int, base_port: int, keys: str, gpus: int, interva
             node_name=f"{prefix}{port}", listen=f"127.0.0.1:{port}", host_key=str(k / "agent_host_key"),
             authorized_viewers=str(k / "authorized_viewers"), authorized_operators=str(k / "authorized_operators"),
             interval=interval, ring_frames=LEAN_RING if lean else 600,
+            jobs_every=0,  # simulated nodes of one host: the host's jobs are no node's
         )
         agent = Agent(cfg, gpus=lean_gpus(gpus, port) if lean else SimulatedGpus(gpus, seed=port))
         if shared is not None:

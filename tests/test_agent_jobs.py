@@ -57,3 +57,12 @@ def test_a_process_that_ends_while_it_is_read_is_skipped(tmp_path: Path) -> None
 def test_this_machine_s_own_proc_reads_without_error() -> None:
     found = jobs_on_node("/proc")
     assert all(j.pids and j.scheduler in ("slurm", "kubernetes") for j in found)
+
+
+def test_the_job_the_agent_itself_runs_in_is_not_reported(tmp_path: Path) -> None:
+    # A DaemonSet's agent, or a test run inside a pod: its own pod is not a job on the node.
+    _proc(tmp_path, 100, SLURM_V1)
+    _proc(tmp_path, 102, POD)
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "cgroup").write_text(POD)
+    assert [(j.scheduler, j.id) for j in jobs_on_node(tmp_path)] == [("slurm", "4242")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from textual import events
 
@@ -85,7 +87,7 @@ async def test_colon_commands_switch_views_like_k9s() -> None:
 
 def _burst(app: GridwatchApp, *items: str | events.Paste) -> None:
     """Post keys all at once, as a terminal delivers a paste or ``tmux send-keys``: nothing waits in between."""
-    chars = {"colon": ":", "enter": "\r"}
+    chars = {"colon": ":", "enter": "\r", "ctrl+j": "\n"}
     for item in items:
         app.post_message(item if isinstance(item, events.Paste) else events.Key(item, chars.get(item, item)))
 
@@ -123,7 +125,14 @@ async def test_question_mark_lists_the_keys_of_the_view() -> None:
         await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen))
         listed = dict(app.screen.rows)
         assert listed["/"] == "Filter" and listed["m"] == "Metric" and listed["s"] == "Sort"
-        assert {":logs", ":incidents", ":training", ":nodes", "ctrl+p", "?"} <= set(listed)
+        assert {":logs", ":incidents", ":training", ":nodes", "Ctrl+P", "?"} <= set(listed)
+        # Keys by the names on the keyboard, the keys of one action on one line; no internal names.
+        assert listed["Enter"] == "Open" and listed["Esc"] == "Clear filter" and listed["Ctrl+P"] == "command palette"
+        assert "q" in next(keys for keys, does in listed.items() if does == "Quit").split(", ")
+        assert listed["Up, k"] == "Up" and listed["]"] == "Heatmap page" and listed["PgDn"] == "Page down"
+        internal = {"enter", "escape", "question_mark", "slash", "colon", "right_square_bracket", "pagedown", "ctrl+p"}
+        assert not internal & {key for keys in listed for key in keys.split(", ")}
+        assert "Enter" in screen_text(app) and "Esc" in screen_text(app)
         await pilot.press("escape")
         await wait_for(pilot, lambda: shown(app, FleetScreen))
 
@@ -381,7 +390,7 @@ async def test_hostile_node_text_is_shown_literally_and_never_reaches_the_termin
         text = screen_text(app)
         assert EVIL[:14] in text  # clipped to the column, but literal
         (row,) = app.screen.query_one("#node-table", TextTable).row_cells()
-        assert row[12][0] == "[bold]refused[/bold] [?1049l"
+        assert row[4][0] == "[bold]refused[/bold] [?1049l"
         raw = terminal_bytes(app)
         assert "\x1b]52" not in raw and "\x07" not in raw and "\x1b[2J" not in raw
         app.open_node(name)
@@ -407,8 +416,8 @@ async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
         await pilot.pause()
         rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).row_cells()}
         dead = rows["node01"]
-        assert dead[1][0] == "down" and dead[4][0] != "N/A" and dead[11][0] == "30s"
-        assert "connection refused" in dead[12][0]
+        assert dead[1][0] == "down" and dead[6][0] != "N/A" and dead[3][0] == "30s"
+        assert "connection refused" in dead[4][0]
         # The table clips the error; the highlighted node's line under it shows it whole.
         assert "node01  down  seen 30s ago  node01:8022: connection refused (is the agent running?)" in screen_text(app)
         assert "1/2 nodes connected" in screen_text(app)
@@ -446,3 +455,202 @@ async def test_a_logs_query_for_a_few_nodes_streams_their_lines_until_the_view_c
         await pilot.press("escape")
         await wait_for(pilot, lambda: shown(app, FleetScreen))
         assert sorted(fleet.subscriptions[2:]) == [("node02", False), ("node03", False)]
+
+
+# ------------------------------------------------------------ at real sizes
+
+
+def _contrast(fg: tuple[int, int, int], bg: tuple[int, int, int]) -> float:
+    """WCAG contrast ratio of two colours."""
+    def luminance(rgb: tuple[int, int, int]) -> float:
+        def channel(v: int) -> float:
+            c = v / 255
+            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+        r, g, b = (channel(v) for v in rgb)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    hi, lo = sorted((luminance(fg), luminance(bg)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _is_red(rgb: tuple[int, int, int]) -> bool:
+    import colorsys
+
+    hue, saturation, value = colorsys.rgb_to_hsv(*(v / 255 for v in rgb))
+    return (hue < 20 / 360 or hue > 340 / 360) and saturation > 0.5 and value > 0.4
+
+
+def _line_with(app: GridwatchApp, text: str) -> str:
+    return next(line for line in screen_text(app).splitlines() if text in line)
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_fleet_table_shows_why_a_node_is_bad_before_its_metrics(size: tuple[int, int]) -> None:
+    app = make_app()
+    store = app.runtime.store
+    store.set_link("node02", "down", error="node02:8022: connection refused (is the agent running?)")
+    store.apply(make_sample("node04", 9, isolated=True))
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        header = _line_with(app, "NODE")
+        at = [header.find(title) for title in ("NODE", "STATE", "FLAGS", "SEEN", "ERROR")]
+        assert -1 not in at and at == sorted(at), header  # all on screen, in that order
+        assert all(header.find(metric) in (-1,) or header.find(metric) > at[-1] for metric in ("UTIL", "POWER", "GPUS"))
+        down = _line_with(app, "node02 ")
+        assert "down" in down and "node02:8022: co" in down  # the start of the error, on screen
+        assert "isolated" in _line_with(app, "node04 ")
+
+
+async def test_the_incident_title_takes_the_room_a_wide_terminal_has() -> None:
+    from gridwatch.console.runtime.incidents import IncidentRow
+
+    title = "NCCL watchdog: collective operation timeout on rank 37 after 600000 ms waiting for all-reduce of step 1200"
+
+    def app_with_a_long_title() -> GridwatchApp:
+        app = make_app()
+        app.runtime.incidents.add(IncidentRow(id="inc-2", severity="error", node="node05", title=title, state="open",
+                                              detected_at=T0 - 5, playbook="nccl-hang"))
+        return app
+
+    app = app_with_a_long_title()
+    async with app.run_test(size=(220, 30)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        row = _line_with(app, "nccl-hang")
+        assert title in row and re.search(r" \d+\.\ds$", row.rstrip())  # whole, and the age column still on screen
+    app = app_with_a_long_title()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        row = _line_with(app, "nccl-hang")
+        assert title[:30] in row and title not in row and re.search(r" \d+\.\ds$", row.rstrip())  # narrowed, all shown
+
+
+async def test_power_and_memory_carry_units_and_step_time_is_named_so() -> None:
+    app = make_app(["node01", "node02"])
+    store = app.runtime.store
+    store.apply(make_sample("node01", 9, trainer=make_trainer(1200)))
+    async with app.run_test(size=(320, 30)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        header = _line_with(app, "NODE")
+        assert "POWER W" in header and "MEM %" in header and "UTIL %" in header and "TEMP °C" in header
+        assert "STEP TIME" in header and header.count("STEP") == 1
+        assert _line_with(app, "node01 ").rstrip().endswith("0.52s")
+        app.show_view("training")
+        await wait_for(pilot, lambda: shown(app, TrainingScreen))
+        text = screen_text(app)
+        assert "step 1200" in text and "step time 0.520s" in text  # the step number, and the step time named so
+        assert "STEP TIME" in _line_with(app, "RANK")
+
+
+async def test_a_selected_row_is_readable() -> None:
+    app = make_app()
+    app.runtime.store.set_link("node01", "down", error="refused")  # red and yellow cells in the cursor's row
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        table = app.screen.query_one("#node-table", TextTable)
+
+        def cursor_contrasts() -> list[float]:
+            segments = [s for s in table.render_line(1 + table.cursor) if s.text.strip()]
+            return [_contrast(s.style.color.get_truecolor(), s.style.bgcolor.get_truecolor()) for s in segments]
+
+        assert min(cursor_contrasts()) >= 4.5  # focused
+        await pilot.press("tab")  # the heatmap takes the focus; the table's cursor stays, dimmer
+        await wait_for(pilot, lambda: not table.has_focus)
+        assert min(cursor_contrasts()) >= 4.5
+
+
+async def test_red_means_broken_not_busy() -> None:
+    from gridwatch.console.tui.widgets.heatmap import cell_style
+
+    app = make_app(["a-idle", "busy01", "broken01"])  # the cursor's node (drawn reversed) is neither
+    store = app.runtime.store
+    store.apply(make_sample("busy01", 9, util=100.0, temp=89.0))
+    store.apply(make_sample("broken01", 9, state="lost"))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        heatmap = app.screen.query_one(GpuHeatmap)
+
+        def cell_colours(name: str) -> set[tuple[int, int, int]]:
+            line = next(y for y in range(len(heatmap.nodes)) if heatmap.nodes[y].name == name)
+            return {tuple(s.style.color.get_truecolor()) for s in heatmap.render_line(line) if "█" in s.text}
+
+        assert cell_colours("busy01") and not any(_is_red(c) for c in cell_colours("busy01"))  # util 100 %
+        await pilot.press("m")  # temperature: 89 °C is hot, and hot is not broken
+        await wait_for(pilot, lambda: "colour: temp" in screen_text(app))
+        assert not any(_is_red(c) for c in cell_colours("busy01"))
+        row = next(r for r in app.screen.query_one("#node-table", TextTable).row_cells() if r[0][0] == "busy01")
+        assert int(row[7][0]) >= 85 and not _is_red(tuple(row[7][1].color.get_truecolor()))  # the table's TEMP too
+        await pilot.press("m", "m", "m")
+        await wait_for(pilot, lambda: "colour: health" in screen_text(app))
+        assert any(_is_red(c) for c in cell_colours("broken01"))  # a lost GPU is red
+        assert not any(_is_red(c) for c in cell_colours("busy01"))
+    assert all(not _is_red(tuple(cell_style(v / 10).color.get_truecolor())) for v in range(11))
+
+
+async def test_the_node_view_scrolls_to_what_a_short_terminal_cuts_off() -> None:
+    from gridwatch.console.fleet.node import CheckVerdict, PreflightResult
+    from tests.support_frames import patrol_failed
+
+    app = make_app()
+    store = app.runtime.store
+    store.apply(patrol_failed("node02", gpus="gpu 0: uncorrected ECC errors (1)", network="ib0 is down"))
+    checks = [CheckVerdict(f"check{i}", i != 6, f"detail {i}") for i in range(7)]
+    store.set_preflight("node02", PreflightResult(T0, False, checks))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.open_node("node02")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert "patrol     FAILING" in screen_text(app) and "check6" not in screen_text(app)  # cut off at first
+        for _ in range(4):  # tab goes round the panes: the GPUs, the host's, the events, the log
+            if app.focused is not None and app.focused.id == "host-pane":
+                break
+            await pilot.press("tab")
+        assert app.focused is not None and app.focused.id == "host-pane"
+        await pilot.press("end")
+        await wait_for(pilot, lambda: "check6   FAIL detail 6" in screen_text(app))
+
+
+async def test_q_in_the_demo_asks_before_quitting() -> None:
+    from gridwatch.console.tui.screens import QuitScreen
+
+    for confirm in ("q", "y"):
+        app = GridwatchApp(make_app().runtime, tick_seconds=3600, start_runtime=False, demo=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: shown(app, FleetScreen))
+            await pilot.press("q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+            assert "Quit the demo?" in screen_text(app) and app.return_code is None
+            await pilot.press("n")  # anything else stays
+            await wait_for(pilot, lambda: shown(app, FleetScreen))
+            await pilot.press("q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: shown(app, FleetScreen))
+            assert app.return_code is None
+            await pilot.press("colon", *"quit", "enter")  # the command line asks too
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+            await pilot.press(confirm)
+            await wait_for(pilot, lambda: app.return_code == 0)
+
+
+async def test_q_outside_the_demo_quits_at_once() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        await pilot.press("q")
+        await wait_for(pilot, lambda: app.return_code == 0)
+
+
+async def test_keys_typed_while_the_console_starts_reach_it() -> None:
+    """Typed before the screen took the terminal over, Enter arrives as a line feed (ctrl+j): still Enter."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        _burst(app, "colon", *"logs", "ctrl+j")  # at once, before the fleet view has drawn itself
+        await wait_for(pilot, lambda: shown(app, LogsScreen))
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        _burst(app, "down", "down", "enter")  # keys for the fleet view before it is ready wait for it
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert app.screen.node_name == "node03"

@@ -75,8 +75,13 @@ def _tmux(*args: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def console_in_tmux(keys, tmp_path, names: list[str]) -> AsyncIterator[str]:  # noqa: ANN001
-    """Real agents named ``names`` and ``gridwatch console`` in a fresh tmux session, once every node shows."""
+async def console_in_tmux(keys, tmp_path, names: list[str], typed_at_start: tuple[str, ...] = (),  # noqa: ANN001
+                          shows: str = "") -> AsyncIterator[str]:
+    """Real agents named ``names`` and ``gridwatch console`` in a fresh tmux session, once every node shows.
+
+    ``typed_at_start``: keys sent the moment the session starts, before the console is up; then it is
+    ready once ``shows`` is on the screen (and every node is connected).
+    """
     agents = [await start_agent(keys, name=name, gpus=2) for name in names]
     session = f"gw-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
@@ -89,7 +94,10 @@ async def console_in_tmux(keys, tmp_path, names: list[str]) -> AsyncIterator[str
     try:
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", command],
                        check=True, env=env, cwd=ROOT)
-        await wait_until(lambda: (s := _capture(session)) and all(n in s for n in names)
+        if typed_at_start:
+            _tmux("send-keys", "-t", session, *typed_at_start)
+        wanted = [shows] if shows else names
+        await wait_until(lambda: (s := _capture(session)) and all(n in s for n in wanted)
                          and f"{len(names)}/{len(names)} nodes" in s, 30, "every node, connected, on the tmux screen")
         yield session
     finally:
@@ -140,6 +148,18 @@ async def test_keys_typed_straight_after_colon_reach_the_command_line_in_order(k
               "paste-buffer", "-p", "-d", "-b", session, "-t", session, ";",
               "send-keys", "-t", session, "Enter")
         await _wait_on_screen(session, "no trainer attached", "the training view after ':' + a paste + Enter")
+        # A line feed (C-j, or Enter typed before the console took the terminal over) ends the line as Enter does.
+        _tmux("send-keys", "-t", session, ":logs", "C-j")
+        await _wait_on_screen(session, "gridwatch  logs", "the logs view after ':logs' and a line feed")
+        await _quit(session)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+async def test_keys_typed_while_the_console_starts_are_not_lost(keys, tmp_path) -> None:
+    """``:logs`` + Enter sent with the console's start: the keys wait for the screen, Enter still ends the line."""
+    async with console_in_tmux(keys, tmp_path, ["early-node-1"], typed_at_start=(":logs", "Enter"),
+                               shows="gridwatch  logs") as session:
+        assert "gridwatch  nodes" not in _capture(session)
         await _quit(session)
 
 

@@ -61,4 +61,11 @@ def test_the_demo_summary_json_carries_the_breakdown_each_incidents_cost_and_mtt
     # Detection 5 s, re-forming 5 s, restore 10 s, on the job's 2 GPUs; no step was done twice.
     assert row["steps_lost"] == 0 and abs(row["gpu_hours_lost"] - 2 * 20 / 3600) < 1e-4
     assert (data["mttd_s"], data["mttr_s"], data["mtbf_s"]) == (5.0, 21.0, 100.0)
+    # One definition each: the run's goodput, its steps lost and the incident's times are the console's,
+    # the same the incident store and /metrics give, not a second count of the summary's own.
+    assert data["goodput"] == gb["goodput"] and data["steps_lost"] == row["steps_lost"]
+    (span,) = runtime.incident_spans()
+    assert (row["detected_s"], row["recovered_s"]) == (round(span.detected_at - span.fault_at, 3),
+                                                       round(span.recovered_at - span.fault_at, 3))
+    assert (data["detect_median_s"], data["recover_median_s"]) == (row["detected_s"], row["recovered_s"])
     assert any(line.startswith("where the time went (100 s, goodput 80.0 %)") for line in render(summary))

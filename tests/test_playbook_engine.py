@@ -356,3 +356,18 @@ def test_an_incident_moves_open_acting_recovered_resolved_as_its_store_records_i
     store.resolve(plan.incident.id, "alice", "GPU replaced")
     seen.append(store.incident(plan.incident.id).phase)
     assert seen == [Phase.OPEN, Phase.ACTING, Phase.ACTING, Phase.RECOVERED, Phase.RESOLVED]
+
+
+def test_an_incident_names_the_scheduler_job_its_node_holds() -> None:
+    from gridwatch.wire.protocol import SchedulerJob
+    engine = Engine(load_builtin(), ManualClock(1000.0))
+    for name in ("node-1", "node-2"):
+        engine.observe(name, Hello(node=name))
+    job = SchedulerJob(scheduler="slurm", id="4242", user="alice", name="pretrain-7b", nodes="node-[1-2]", pids=9)
+    engine.observe("node-2", Summary(node="node-2", jobs=[job]))
+    (plan,) = engine.observe("node-2", Event(node="node-2", kind="xid", code=79, gpu=0, severity="critical",
+                                             message="GPU has fallen off the bus"))
+    assert plan.incident.summary.endswith("[slurm job 4242 (alice, pretrain-7b)]")
+    assert plan.incident.summary.startswith("xid 79 on node-2")  # what is wrong first, as a drain reason reads it
+    engine.observe("node-2", Summary(node="node-2"))  # the job ended
+    assert engine.nodes["node-2"].scheduler_jobs == ()

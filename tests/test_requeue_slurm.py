@@ -173,3 +173,24 @@ async def test_with_the_controller_down_the_requeue_waits_and_happens_once_when_
         assert slurm.job(job)["Restarts"] == "1"
     finally:
         await executor.close()
+
+
+async def test_the_agent_names_the_slurm_job_running_on_its_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    from gridwatch.sshlink.keys import init_keys
+    from tests.conftest import start_agent, stop_agent
+
+    job = slurm.submit(tmp_path, nodes=3, requeue=True)
+    wait_until_sync(lambda: running_on(slurm, job, "node-[1-3]"), timeout=30, what="the job running on node-[1-3]")
+    keys = init_keys(tmp_path / "keys", shared_host_key=True)
+    batch_host, other = await start_agent(keys, "node-1", jobs_every=0.2), await start_agent(keys, "node-4",
+                                                                                            jobs_every=0.2)
+    try:
+        # The job's batch script runs on node-1 (its first node); node-4 holds no part of it.
+        await wait_until(lambda: batch_host.agent.jobs, timeout=20, what="node-1's agent to see the job")
+        (found,) = batch_host.agent.jobs
+        assert (found.scheduler, found.id, found.name, found.nodes) == ("slurm", job, "plain-job", "node-[1-3]")
+        assert found.pids >= 1
+        assert other.agent.jobs == []
+    finally:
+        await stop_agent(batch_host)
+        await stop_agent(other)

@@ -12,11 +12,10 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gridwatch.agent.agent import Agent
 from gridwatch.agent.fencing import Handler, guarded
 from gridwatch.agent.sources.ib import simulated as ib
 from gridwatch.sshlink.server import Caller
@@ -24,12 +23,16 @@ from gridwatch.wire import protocol as p
 from gridwatch.wire import simdevices as sd
 from gridwatch.wire.control import pid_alive
 
+if TYPE_CHECKING:
+    from gridwatch.agent.agent import Agent  # a type only: the agent imports this module
+
 # Faults the simulator takes directly; the rest are handled by the agent itself.
 GPU_FAULTS = {"xid", "ecc-dbe", "thermal", "fell-off-bus", "hang"}
 AGENT_FAULTS = {"trainer-hang", "trainer-crash", "agent-kill", "net-cut"}
 IB_FAULTS = set(ib.IB_FAULTS)  # simulated HCA ports; ``gpu`` picks the HCA (mlx5_<gpu>)
 FAULT_KINDS = sorted(GPU_FAULTS | AGENT_FAULTS | IB_FAULTS)
-TRAINER_CONTROLS = {"checkpoint_now", "pause", "resume", "leave", "restart_from"}
+TRAINER_CONTROLS = {p.AgentAction.CHECKPOINT_NOW, p.AgentAction.PAUSE, p.AgentAction.RESUME, p.AgentAction.LEAVE,
+                    p.AgentAction.RESTART_FROM}
 
 
 def _result(action: p.Action, ok: bool, message: str, **data: Any) -> p.ActionResult:
@@ -424,16 +427,16 @@ async def reset_gpu(agent: Agent, caller: Caller, action: p.Action) -> p.ActionR
 
 
 HANDLERS: dict[str, Handler] = {
-    "ping": ping,
-    "inject_fault": inject_fault,
-    "clear_faults": clear_faults,
-    "reset_gpu": reset_gpu,
-    "isolate": isolate,
-    "unisolate": unisolate,
-    "capture_scene": capture_scene,
-    "dump_collectives": dump_collectives,
-    "ras_status": ras_status,
-    "preflight": preflight,
+    p.AgentAction.PING: ping,
+    p.AgentAction.INJECT_FAULT: inject_fault,
+    p.AgentAction.CLEAR_FAULTS: clear_faults,
+    p.AgentAction.RESET_GPU: reset_gpu,
+    p.AgentAction.ISOLATE: isolate,
+    p.AgentAction.UNISOLATE: unisolate,
+    p.AgentAction.CAPTURE_SCENE: capture_scene,
+    p.AgentAction.DUMP_COLLECTIVES: dump_collectives,
+    p.AgentAction.RAS_STATUS: ras_status,
+    p.AgentAction.PREFLIGHT: preflight,
     **{name: trainer_control for name in TRAINER_CONTROLS},
 }
 # Every action that changes something checks the sender's fencing token and its step key first (agents/fencing.py).

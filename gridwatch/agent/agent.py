@@ -22,8 +22,10 @@ import msgspec
 import psutil
 from loguru import logger
 
+from gridwatch.agent.actions import HANDLERS
 from gridwatch.agent.config import AgentConfig
-from gridwatch.agent.logs import LogEntry
+from gridwatch.agent.jobs import jobs_on_node
+from gridwatch.agent.logs import PROGRESS_FRESH_S, LogEntry
 from gridwatch.agent.logsearch import SearchRefused, SearchTimeout, search_entries
 from gridwatch.agent.ringbuffer import FrameRing
 from gridwatch.agent.sources import GuardedSource, Outcome
@@ -145,6 +147,8 @@ class Agent:
         self._xids_told: dict[tuple[int | None, int], tuple[float, str]] = {}  # (gpu, code) -> (when, source)
         self.folded_xids = 0  # XIDs a second source reported within XID_FOLD_S of the first
         self._background: set[asyncio.Task[Any]] = set()
+        self._trainer_seen_at = float("-inf")  # monotonic: when gridwatch's trainer last answered its socket
+        self.jobs: list[p.SchedulerJob] = []  # the scheduler's jobs on this node, read every config.jobs_every
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
@@ -177,10 +181,7 @@ class Agent:
         self._tick_ms: float | None = None
         self._stop = asyncio.Event()
         self.log = logger.bind(node=str(self.node))
-        self.actions: dict[str, ActionHandler] = {}
-        from gridwatch.agent.actions import HANDLERS  # late: actions import this module
-
-        self.actions.update(HANDLERS)
+        self.actions: dict[str, ActionHandler] = dict(HANDLERS)
 
     # ------------------------------------------------------------------ state
 
@@ -343,6 +344,17 @@ class Agent:
         key = pci_key(bus)
         return next((i.index for i in self.gpu_info if pci_key(str(i.pci_bus_id or "")) == key), None)
 
+    def _status_from_log(self) -> p.TrainerStatus | None:
+        """A job gridwatch did not write, as its own log tells it (step, loss, step time): what the console's
+        training view, goodput and recovery read; named after the scheduler's job on the node when there is one."""
+        found = self.tailer.job_progress() if self.tailer is not None else None
+        if found is None:
+            return None
+        path, job = found
+        name = f"{self.jobs[0].scheduler}-{self.jobs[0].id}" if self.jobs else os.path.basename(path)
+        return p.TrainerStatus(job=p.Text(name), phase=p.TrainerPhase.TRAINING, step=job.step, loss=job.loss,
+                               step_time_s=job.step_time_s, tokens_per_s=job.tokens_per_s, read_from=p.Text(path))
+
     def _keep_out(self, status: p.TrainerStatus) -> None:
         """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
         not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
@@ -385,7 +397,13 @@ class Agent:
             events.extend(reading.events)
             lines.extend(reading.lines)
         host.ib = ib_ports  # read by their own source, shown beside the host's NICs
-        if trainer_status is not None and self.isolated:
+        if trainer_status is not None:
+            self._trainer_seen_at = time.monotonic()
+        elif self.tailer is not None and time.monotonic() - self._trainer_seen_at > PROGRESS_FRESH_S:
+            # Only for a job with no trainer of gridwatch's: a trainer of ours that died is not "training"
+            # because of the lines it printed before.
+            trainer_status = self._status_from_log()
+        if trainer_status is not None and self.isolated and trainer_status.read_from is None:
             self._keep_out(trainer_status)
         if lines:
             self._send_log_lines(lines)
@@ -402,7 +420,7 @@ class Agent:
         if self.patrol is not None and getattr(self.patrol, "last", None) is not None:
             patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]
         sample = p.Sample(gpus=[_for_the_wire(g) for g in gpu_samples], host=host, agent=stats,
-                          trainer=trainer_status, isolated=self.isolated, patrol_failing=patrol_failing)
+                          trainer=trainer_status, isolated=self.isolated, patrol_failing=patrol_failing, jobs=self.jobs)
         self.publish(sample)
         self._keep_summary(p.summarize(sample))
         if self.watcher:
@@ -453,6 +471,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         overruns, warned_at = 0, -60.0
+        jobs = loop.create_task(self._read_jobs()) if self.config.jobs_every > 0 else None
         while not self._stop.is_set():
             try:
                 await self.tick_async()
@@ -472,7 +491,29 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), delay)
             except TimeoutError:
                 pass
+        if jobs is not None:
+            jobs.cancel()
+            await asyncio.gather(jobs, return_exceptions=True)
         await self.stop_readers()
+
+    async def _read_jobs(self) -> None:
+        """Which scheduler jobs run here, every ``jobs_every`` seconds, read off the loop (a /proc walk)."""
+        while not self._stop.is_set():
+            try:
+                found = await asyncio.to_thread(jobs_on_node, "/proc", self.config.node_name)
+            except Exception:  # noqa: BLE001 - the samples go on without jobs; the log says why
+                self.log.exception("reading the node's jobs failed")
+                found = []
+            jobs = [p.SchedulerJob(scheduler=p.Text(j.scheduler), id=p.Text(j.id), user=p.Text(j.user),
+                                   name=p.Text(j.name), nodes=p.Text(j.nodes), pids=len(j.pids)) for j in found]
+            if [(j.scheduler, j.id) for j in jobs] != [(j.scheduler, j.id) for j in self.jobs]:
+                self.log.info("jobs on the node: {}", ", ".join(f"{j.scheduler} {j.id} ({j.user})" for j in jobs)
+                              or "none")
+            self.jobs = jobs
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.config.jobs_every)
+            except TimeoutError:
+                pass
 
     def stop(self) -> None:
         self._stop.set()

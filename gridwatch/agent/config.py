@@ -36,6 +36,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_listen: HostPort | None = None
     # Under 0.05 s the sampler takes most of a core; past an hour a console calls the node stale anyway.
     interval: Annotated[float, Meta(ge=0.05, le=3600, description="seconds between samples")] = 1.0
+    # How often the scheduler's jobs on the node are read from /proc (cgroups, Slurm's environment); 0: never.
+    jobs_every: Annotated[float, Meta(ge=0, le=3600, description="seconds, 0: jobs are not read")] = 10.0
     # Application logs (the trainer's, a job's): they report application faults (NCCL, CUDA, tracebacks) only.
     log: list[PathText] = msgspec.field(default_factory=list)
     kernel_log: bool = True

@@ -64,11 +64,34 @@ def _environ(proc: Path) -> dict[bytes, str]:
     return found
 
 
+def _job_key(cgroup: str, env: dict[bytes, str] | None) -> tuple[str, str] | None:
+    """The job a process belongs to, by its cgroup, else by its Slurm environment (when read)."""
+    slurm = _SLURM_CGROUP.search(cgroup)
+    if slurm is not None:
+        return ("slurm", slurm.group(1))
+    pod = _POD_CGROUP.search(cgroup)
+    if pod is not None:
+        return ("kubernetes", pod.group(1).replace("_", "-"))
+    job_id = (env or {}).get(b"SLURM_JOB_ID", "")
+    return ("slurm", job_id) if job_id.isdigit() else None
+
+
+def _own_job(root: Path) -> tuple[str, str] | None:
+    """The job the agent itself runs in (a DaemonSet's pod, a test run inside a Slurm job): never reported."""
+    try:
+        cgroup = (root / "self" / "cgroup").read_text(errors="replace")[:8192]
+    except OSError:
+        cgroup = ""
+    own_id = os.environ.get("SLURM_JOB_ID", "")
+    return _job_key(cgroup, {b"SLURM_JOB_ID": own_id} if own_id else None)
+
+
 def jobs_on_node(proc_root: str | Path = "/proc", node: str = "") -> list[NodeJob]:
     """The scheduler jobs whose processes run here (on ``node``, where Slurm names it), by the processes'
     cgroups or else their Slurm environment; by scheduler, then job id."""
     root = Path(proc_root)
     jobs: dict[tuple[str, str], NodeJob] = {}
+    own = _own_job(root)
     try:
         entries = [e for e in os.scandir(root) if e.name.isdigit()]
     except OSError:
@@ -80,19 +103,15 @@ def jobs_on_node(proc_root: str | Path = "/proc", node: str = "") -> list[NodeJo
             uid = (proc / "status").stat().st_uid
         except OSError:
             continue  # it ended while we looked
-        slurm = _SLURM_CGROUP.search(cgroup)
-        pod = _POD_CGROUP.search(cgroup) if slurm is None else None
         env: dict[bytes, str] | None = None
-        if slurm is not None:
-            key = ("slurm", slurm.group(1))
-        elif pod is not None:
-            key = ("kubernetes", pod.group(1).replace("_", "-"))
-        else:
+        key = _job_key(cgroup, None)
+        if key is None:
             env = _environ(proc)
-            job_id = env.get(b"SLURM_JOB_ID", "")
-            if not job_id.isdigit() or (node and env.get(b"SLURMD_NODENAME", node) != node):
+            key = _job_key(cgroup, env)
+            if key is None or (node and env.get(b"SLURMD_NODENAME", node) != node):
                 continue
-            key = ("slurm", job_id)
+        if key == own:
+            continue
         job = jobs.get(key)
         if job is None:
             if len(jobs) >= MAX_JOBS:

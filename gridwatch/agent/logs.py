@@ -20,6 +20,7 @@ from loguru import logger
 
 from gridwatch.agent.config import JOURNAL_SOURCE
 from gridwatch.agent.detectors import detect, kernel_kind
+from gridwatch.agent.detectors.progress import JobProgress, ProgressTracker
 from gridwatch.agent.logsearch import match_lines, vet_pattern
 from gridwatch.sshlink.ratelimit import LogLimiter
 from gridwatch.wire.framing import LineBuffer
@@ -33,6 +34,8 @@ DEFAULT_BUFFER_LINES = 10_000
 _MAX_PENDING = MAX_LINE_CHARS * 4
 _KMSG_RECORD = 8192
 
+# A job's progress lines older than this no longer say it is training (it hangs, or it ended).
+PROGRESS_FRESH_S = 300.0
 LogEntry = tuple[str, str, float]  # (source, line, ts)
 
 
@@ -497,6 +500,8 @@ class LogTailer:
             self._kernel = None
         self._journal = _Journal(sources, journal_cursor, journalctl=journalctl) if sources else None
         self._buffer: deque[LogEntry] = deque(maxlen=buffer_lines)
+        # A job gridwatch did not write says how far it is in its own log: its progress lines, folded per log.
+        self.progress = ProgressTracker()
 
     @property
     def sources(self) -> list[str]:
@@ -514,7 +519,10 @@ class LogTailer:
         entries: list[LogEntry] = []
         for tail in self._files:
             for raw in self._poll_file(tail):
-                entries.append((tail.path, _decode(raw), now))
+                line = _decode(raw)
+                entries.append((tail.path, line, now))
+                if not tail.kernel:
+                    self.progress.feed(tail.path, line, now)
         if self._kernel is not None:
             kernel_path = self._kernel.path
             if isinstance(self._kernel, _FileTail):
@@ -532,6 +540,15 @@ class LogTailer:
                 self._journal = None
         self._buffer.extend(entries)
         return entries, _events(entries, self.kernel_sources(), self._quoted)
+
+    def job_progress(self, fresh_s: float = PROGRESS_FRESH_S) -> tuple[str, JobProgress] | None:
+        """The log that printed progress most recently, within ``fresh_s``, and what it said; None if none."""
+        now = self._clock()
+        fresh = [(job.ts, path, job) for path, job in self.progress.logs().items() if now - job.ts <= fresh_s]
+        if not fresh:
+            return None
+        _, path, job = max(fresh)
+        return path, job
 
     def kernel_sources(self) -> set[str]:
         """The sources whose lines may report kernel, driver and NVSwitch faults now: the kernel log, the

@@ -151,7 +151,7 @@ def pending_gpu_faults(agent: Agent, since: float) -> list[p.Event]:
         frame = p.decode_agent_frame(data)
         if not isinstance(frame, p.Event) or frame.ts < since:
             continue
-        if frame.kind == "action" and frame.details.get("action") == "clear_faults" and frame.details.get("ok") == "true":
+        if frame.kind == "action" and frame.details.get("action") == p.AgentAction.CLEAR_FAULTS and frame.details.get("ok") == "true":
             pending.clear()  # a reset clears what came before it
         elif frame.kind in GPU_FAULT_EVENTS:
             pending.append(frame)

@@ -31,6 +31,7 @@ from gridwatch.wire.protocol import (
     Hello,
     LogLine,
     Sample,
+    SchedulerJob,
     Summary,
     TrainerPhase,
 )
@@ -47,6 +48,12 @@ __all__ = [
 ]
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9]")
+
+def job_words(job: SchedulerJob) -> str:
+    """A scheduler job as an incident names it: ``slurm job 4242 (alice, pretrain)``."""
+    who = ", ".join(str(part) for part in (job.user, job.name) if part)
+    return f"{job.scheduler} job {job.id}" + (f" ({who})" if who else "")
+
 
 # A trainer in these phases is not there to leave a node in place (the scheduler's job is what runs).
 _NOT_ATTACHED = (TrainerPhase.GONE, TrainerPhase.LEFT, TrainerPhase.DONE)
@@ -119,7 +126,10 @@ class Engine(Matching, Planning):
                 self.ledger.returned(node.name, now)
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
-            node.trainer_attached = frame.trainer is not None and frame.trainer.phase not in _NOT_ATTACHED
+            node.trainer_attached = (frame.trainer is not None and frame.trainer.read_from is None
+                                     and frame.trainer.phase not in _NOT_ATTACHED)
+            if frame.jobs or node.scheduler_jobs:
+                node.scheduler_jobs = tuple(job_words(j) for j in frame.jobs)
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step

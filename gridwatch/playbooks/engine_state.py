@@ -54,6 +54,7 @@ class NodeState:
     unheard_via: str = ""  # the relay carrying it is down: its silence is the relay's, no evidence about it
     excused_at: float = float("-inf")  # silence before this is not held against it (its relay was down)
     trainer_step: int | None = None
+    scheduler_jobs: tuple[str, ...] = ()  # the Slurm or Kubernetes jobs its agent found on it, in words
     trainer_attached: bool = False  # gridwatch's trainer (or its API) answers on the node: it leaves in place
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
@@ -304,6 +305,9 @@ class EngineCore:
         node_state = self.nodes.get(symptom.node)
         if target != symptom.node:
             symptom.summary += f" (acting on {target})"
+        held = self.nodes.get(target)
+        if held is not None and held.scheduler_jobs:  # the scheduler's jobs on it, named wherever it is told
+            symptom.summary += f" [{'; '.join(held.scheduler_jobs)}]"
         ident = symptom.ident or self._frame_ident or str(int(now))
         incident = Incident(
             id=self._new_id(f"{pb.name}:{key}:{ident}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,

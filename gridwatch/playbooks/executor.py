@@ -63,7 +63,7 @@ from gridwatch.playbooks.scheduler import (
     incident_of,
 )
 from gridwatch.playbooks.store import STEP_DONE_STATES, IncidentStore, StepRecord, UnknownIncident
-from gridwatch.wire.protocol import ActionResult
+from gridwatch.wire.protocol import ActionResult, AgentAction
 
 __all__ = ["CommandRunner", "Executor", "StepFailed", "StepPending", "PENDING", "PENDING_OUTCOME", "NO_SCHEDULER"]
 
@@ -80,14 +80,14 @@ __all__ = ["CommandRunner", "Executor", "StepFailed", "StepPending", "PENDING", 
 #       rule of "checkpoint"; "incident" is for its log only.
 RESTART_ARG_KEYS: tuple[str, ...] = ("incident", "checkpoint", "before_ts", "before_step", "step")
 
-# Agent action for each node-level step (gridwatch.wire.protocol.ACTIONS).
-STEP_ACTIONS: dict[str, str] = {
-    "capture_scene": "capture_scene",
-    "isolate_node": "isolate",
-    "checkpoint_now": "checkpoint_now",
-    "pause_training": "pause",
-    "restart_from_checkpoint": "restart_from",
-    "reset_gpu": "reset_gpu",  # args {"gpu": the incident's GPU}; the agent reads it healthy after the reset
+# Agent action for each node-level step.
+STEP_ACTIONS: dict[str, AgentAction] = {
+    "capture_scene": AgentAction.CAPTURE_SCENE,
+    "isolate_node": AgentAction.ISOLATE,
+    "checkpoint_now": AgentAction.CHECKPOINT_NOW,
+    "pause_training": AgentAction.PAUSE,
+    "restart_from_checkpoint": AgentAction.RESTART_FROM,
+    "reset_gpu": AgentAction.RESET_GPU,  # args {"gpu": the incident's GPU}; the agent reads it healthy after the reset
 }
 
 # The step state while a drain waits for the scheduler's controller, and how its outcome starts.

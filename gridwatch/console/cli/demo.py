@@ -203,7 +203,7 @@ async def _headless(options: DemoOptions, duration: float, as_json: bool, alertm
         if session.runtime is not None:
             from gridwatch.console.demo.summary import with_goodput
 
-            summary = with_goodput(summary, session.runtime)
+            summary = with_goodput(summary, session.runtime, session.faults)
     except (ClusterError, TimeoutError, RuntimeError, OSError) as exc:
         _say(f"gridwatch demo: {exc}")
         return EXIT_ERROR
@@ -243,7 +243,7 @@ async def _with_console(options: DemoOptions, duration: float | None, alertmanag
         session.say = lines.append  # the screen owns the terminal from here on
         assert session.runtime is not None
         # The screen starts and stops the session's runtime, as `gridwatch console` does its own.
-        app = GridwatchApp(session.runtime)
+        app = GridwatchApp(session.runtime, demo=True)  # q asks before the cluster is torn down
         session._begin()
         if duration:
             asyncio.get_running_loop().call_later(duration, app.exit)
@@ -315,6 +315,7 @@ async def _send_fault(endpoint: str, key: str, known: str, fault_args: dict[str,
 
     from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
     from gridwatch.sshlink.hostlist import parse_endpoints
+    from gridwatch.wire.protocol import AgentAction
 
     logger.remove()
     ep = parse_endpoints(endpoint)[0]
@@ -328,7 +329,7 @@ async def _send_fault(endpoint: str, key: str, known: str, fault_args: dict[str,
             if link.state == LinkState.REFUSED or loop.time() > deadline:
                 raise ConnectionError(link.last_error or f"{endpoint}: no connection within 10 s")
             await asyncio.sleep(0.05)
-        result = await fleet.action(link.name, "inject_fault", fault_args, reason=reason, timeout=10.0)
+        result = await fleet.action(link.name, AgentAction.INJECT_FAULT, fault_args, reason=reason, timeout=10.0)
         return bool(result.ok), str(result.message)
     finally:
         await fleet.stop()

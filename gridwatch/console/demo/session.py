@@ -193,7 +193,7 @@ class DemoSession:
         """Inject a fault through the operator action inject_fault, as `gridwatch fault` does (audited)."""
         assert self.runtime is not None
         at = self.clock()
-        result = await self.runtime.node_action(node, "inject_fault", f"demo fault: {spec.label}", spec.args(gpu),
+        result = await self.runtime.node_action(node, p.AgentAction.INJECT_FAULT, f"demo fault: {spec.label}", spec.args(gpu),
                                                 who="demo-chaos")
         self.say(f"{self._stamp()} fault {spec.label} on {node} gpu {gpu}: {'ok' if result.ok else 'FAILED'} {result.message}")
         if result.ok:
@@ -209,7 +209,7 @@ class DemoSession:
             self.say(f"{self._stamp()} repair: agent on {node} restarted")
             await asyncio.sleep(3.0)
         assert self.runtime is not None
-        for action in ("clear_faults", "unisolate"):
+        for action in (p.AgentAction.CLEAR_FAULTS, p.AgentAction.UNISOLATE):
             # Through the runtime: audited, and an unisolate hands the node back to the scheduler.
             result = await self.runtime.node_action(node, action, "demo repair: node fixed", who="demo-repair")
             if not result.ok:

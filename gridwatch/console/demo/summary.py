@@ -11,6 +11,7 @@ import msgspec
 from gridwatch.console.demo.progress import StepPoint
 from gridwatch.console.fleet.goodput import Breakdown, TimeUse
 from gridwatch.console.fleet.goodput_tracker import GoodputTracker
+from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
 
 if TYPE_CHECKING:
     from gridwatch.console.runtime.core import ConsoleRuntime
@@ -56,6 +57,9 @@ class IncidentSummary(msgspec.Struct, kw_only=True):
     actions: list[str]
     steps_lost: int | None = None  # steps done again because of it, as the console saw the job
     gpu_hours_lost: float | None = None  # the job's GPUs times the training time it lost
+    # How far the fault time the console measured (the kernel's stamp, torchrun's record) is from when the
+    # fault was injected: what says the detection and recovery figures are counted from the fault's own clock.
+    fault_clock_error_s: float | None = None
 
 
 class WindowSummary(msgspec.Struct, kw_only=True):
@@ -229,10 +233,13 @@ def breakdown_summary(tracker: GoodputTracker, now: float | None = None) -> Good
                           windows={name: _window(b) for name, b in windows.items()})
 
 
-def with_goodput(summary: DemoSummary, runtime: ConsoleRuntime) -> DemoSummary:
-    """``summary`` with the runtime's goodput breakdown, each incident's cost, and MTTD, MTTR, MTBF."""
+def with_goodput(summary: DemoSummary, runtime: ConsoleRuntime, faults: list[FaultRecord] | None = None) -> DemoSummary:
+    """``summary`` told with the console's own definitions, so the run's figures and the database agree:
+    each incident's time to detect and to recover (from the fault's own clock, as the incident store has
+    them), its cost, the goodput breakdown, MTTD, MTTR, MTBF and the steps lost (the incidents' sum)."""
     tracker = runtime.goodput
     spans = {span.id: span for span in runtime.incident_spans()}
+    injected = {f"{f.node}/{f.label}": f.at for f in faults or []}
     rows = []
     for row in summary.incidents:
         span = spans.get(row.id)
@@ -240,11 +247,25 @@ def with_goodput(summary: DemoSummary, runtime: ConsoleRuntime) -> DemoSummary:
             rows.append(row)
             continue
         cost = tracker.cost(span)
-        rows.append(msgspec.structs.replace(row, steps_lost=cost.steps_lost,
-                                            gpu_hours_lost=round(cost.gpu_hours_lost, 6)))
+        at = injected.get(f"{row.node}/{row.fault}") if row.fault else None
+        rows.append(msgspec.structs.replace(
+            row, steps_lost=cost.steps_lost, gpu_hours_lost=round(cost.gpu_hours_lost, 6),
+            detected_s=_round(time_to_detect(span.fault_at, span.detected_at)),
+            recovered_s=_round(time_to_recover(span.fault_at, span.recovered_at)),
+            fault_clock_error_s=_round(span.fault_at - at) if span.fault_at is not None and at is not None else None))
     rel = tracker.reliability(list(spans.values()))
-    return msgspec.structs.replace(summary, incidents=rows, goodput_breakdown=breakdown_summary(tracker),
-                                   mttd_s=_round(rel.mttd_s), mttr_s=_round(rel.mttr_s), mtbf_s=_round(rel.mtbf_s))
+    detect = [r.detected_s for r in rows if r.detected_s is not None]
+    recover = [r.recovered_s for r in rows if r.recovered_s is not None]
+    breakdown = breakdown_summary(tracker)
+    costs = [r.steps_lost for r in rows if r.steps_lost is not None]
+    return msgspec.structs.replace(
+        summary, incidents=rows, goodput_breakdown=breakdown,
+        goodput=breakdown.goodput if breakdown is not None else summary.goodput,
+        steps_lost=sum(costs) if costs else summary.steps_lost,
+        detect_median_s=statistics.median(detect) if detect else None, detect_worst_s=max(detect) if detect else None,
+        recover_median_s=statistics.median(recover) if recover else None,
+        recover_worst_s=max(recover) if recover else None,
+        mttd_s=_round(rel.mttd_s), mttr_s=_round(rel.mttr_s), mtbf_s=_round(rel.mtbf_s))
 
 
 def _round(value: float | None) -> float | None:

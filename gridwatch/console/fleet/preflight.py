@@ -402,7 +402,7 @@ async def _probe_clock(fleet: Any, name: str) -> tuple[float | None, float | Non
     best: tuple[float | None, float | None] = (None, None)
     for _ in range(CLOCK_PROBES):
         t0 = time.time()
-        res = await fleet.action(name, "preflight", {"checks": ["time"]}, reason="preflight clock probe", timeout=10.0)
+        res = await fleet.action(name, p.AgentAction.PREFLIGHT, {"checks": ["time"]}, reason="preflight clock probe", timeout=10.0)
         t1 = time.time()
         wall = (res.data.get("time") or {}).get("wall") if res.ok else None
         if not isinstance(wall, (int, float)):
@@ -432,7 +432,7 @@ async def _check_node(fleet: Any, link: Any, options: PreflightOptions) -> NodeR
         node.error = link.last_error or f"{link.endpoint}: not reachable"
         return node
     node.clock_offset_s, node.clock_rtt_s = await _probe_clock(fleet, link.name)
-    res = await fleet.action(link.name, "preflight", node_args(options), reason="preflight", timeout=options.action_timeout)
+    res = await fleet.action(link.name, p.AgentAction.PREFLIGHT, node_args(options), reason="preflight", timeout=options.action_timeout)
     if not res.data:
         node.error = p.clean_text(str(res.message), 300) or "the agent gave no pre-flight result"
         return node
@@ -467,7 +467,7 @@ async def _run_comm(fleet: Any, report: PreflightReport, options: PreflightOptio
             "pairs": pairs,
         }
         return await fleet.action(
-            name, "preflight", {"checks": ["comm"], "comm": comm}, reason="preflight all-reduce", timeout=options.comm_timeout_s + 60.0
+            name, p.AgentAction.PREFLIGHT, {"checks": ["comm"], "comm": comm}, reason="preflight all-reduce", timeout=options.comm_timeout_s + 60.0
         )
 
     results = await asyncio.gather(*(one(i, name) for i, name in enumerate(ranks)))

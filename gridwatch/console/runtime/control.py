@@ -34,7 +34,7 @@ import msgspec
 from loguru import logger
 
 from gridwatch.wire.controlsock import Peer, peer_of
-from gridwatch.wire.protocol import clean_text
+from gridwatch.wire.protocol import AgentAction, clean_text
 
 if TYPE_CHECKING:
     from gridwatch.console.runtime.core import ConsoleRuntime
@@ -58,8 +58,8 @@ class NodeVerb(StrEnum):
     ISOLATE = "isolate"  # out of service: the agent isolates, its trainer leaves the job
 
 
-# The agent action each verb is (gridwatch.wire.protocol.ACTIONS), sent through the runtime.
-VERB_ACTIONS: dict[NodeVerb, str] = {NodeVerb.RETURN: "unisolate", NodeVerb.ISOLATE: "isolate"}
+# The agent action each verb is, sent through the runtime.
+VERB_ACTIONS: dict[NodeVerb, AgentAction] = {NodeVerb.RETURN: AgentAction.UNISOLATE, NodeVerb.ISOLATE: AgentAction.ISOLATE}
 
 
 class Outcome(StrEnum):

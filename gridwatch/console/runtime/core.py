@@ -30,7 +30,18 @@ from gridwatch.console.runtime.collector import CollectorBaseline
 from gridwatch.console.runtime.hangs import HangWatch
 from gridwatch.console.runtime.incidents import IncidentActor, IncidentBackend, IncidentRow, StoreIncidents
 from gridwatch.playbooks.model import MetricTrigger
-from gridwatch.wire.protocol import ActionResult, Event, Frame, LogLine, ResultCode, Sample, Summary, Text, fault_time
+from gridwatch.wire.protocol import (
+    ActionResult,
+    AgentAction,
+    Event,
+    Frame,
+    LogLine,
+    ResultCode,
+    Sample,
+    Summary,
+    Text,
+    fault_time,
+)
 
 if TYPE_CHECKING:
     from gridwatch.console.fleet.prometheus import PrometheusFleet
@@ -74,7 +85,9 @@ class PlanRunner(Protocol):
 
 
 # Agent actions that change the job or the node; a watch-only runtime (a baseline run) does not send these.
-ACTING_ACTIONS: frozenset[str] = frozenset({"isolate", "checkpoint_now", "pause", "restart_from", "leave"})
+ACTING_ACTIONS: frozenset[str] = frozenset(
+    {AgentAction.ISOLATE, AgentAction.CHECKPOINT_NOW, AgentAction.PAUSE, AgentAction.RESTART_FROM, AgentAction.LEAVE}
+)
 # A tick later than this behind its time: the console's own loop was stalled (see _tick_forever).
 LOOP_STALL_S = 0.2
 # How often writes the incident database refused are tried again.
@@ -508,7 +521,7 @@ class ConsoleRuntime:
             deadline = loop.time() + self.trainer_wait
             while True:
                 result = await self._send(node, action, args, reason)
-                if (result.ok or action != "restart_from" or result.code != ResultCode.TRAINER_ABSENT
+                if (result.ok or action != AgentAction.RESTART_FROM or result.code != ResultCode.TRAINER_ABSENT
                         or loop.time() >= deadline):
                     break
                 await asyncio.sleep(self.retry_every)
@@ -523,7 +536,7 @@ class ConsoleRuntime:
         its old process's checkpoints); the trainer falls back to its own rule
         when that step does not validate.
         """
-        if action != "restart_from" or "step" in args:
+        if action != AgentAction.RESTART_FROM or "step" in args:
             return args
         steps = sorted({s for n in self.store.nodes.values() if n.trainer is not None
                         for s in n.trainer.checkpoints.values()})
@@ -566,7 +579,7 @@ class ConsoleRuntime:
             observing = observer_refusal(self.election)
             if observing:
                 return _refused(node, action, observing)
-        refusal = getattr(self.plan_store, "return_refusal", None) if action == "unisolate" else None
+        refusal = getattr(self.plan_store, "return_refusal", None) if action == AgentAction.UNISOLATE else None
         kept_out = refusal(node) if refusal is not None else None
         if kept_out and not force:
             self.audit(who, f"{action} on {node}", reason, "operator", f"refused: {kept_out}")
@@ -578,7 +591,7 @@ class ConsoleRuntime:
         self.audit(who, what, reason, "before", "")
         result = await self._send(node, action, dict(args or {}), reason)
         self.audit(who, what, reason, "after", f"{'done' if result.ok else 'failed'}: {result.message}")
-        if result.ok and action == "unisolate" and self.executor is not None:
+        if result.ok and action == AgentAction.UNISOLATE and self.executor is not None:
             try:
                 told = await self.executor.return_to_service(node, who, reason)
             except Exception as exc:  # noqa: BLE001 - the node is back either way; the operator sees why

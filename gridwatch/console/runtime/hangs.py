@@ -25,7 +25,7 @@ from loguru import logger
 
 from gridwatch.playbooks.blame_collectives import BlameReason, CollectiveVerdict, Culprit, blame
 from gridwatch.wire.control import CollectiveRecord
-from gridwatch.wire.protocol import Event, Frame, LogLine, text_dec_hook, text_enc_hook
+from gridwatch.wire.protocol import AgentAction, Event, Frame, LogLine, text_dec_hook, text_enc_hook
 from gridwatch.wire.ras import RasReport, decode_report
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class HangWatch:
 
         async def one(node: str) -> CollectiveRecord | None:
             try:
-                result = await fleet.action(node, "dump_collectives", {}, reason=f"which rank is stuck: {why}",
+                result = await fleet.action(node, AgentAction.DUMP_COLLECTIVES, {}, reason=f"which rank is stuck: {why}",
                                             timeout=self.timeout)
             except Exception as exc:  # noqa: BLE001 - that node simply did not answer
                 logger.bind(node=node).debug("dump_collectives failed: {}", exc)
@@ -170,7 +170,7 @@ class HangWatch:
 
         async def one(node: str) -> tuple[RasReport, list[str]] | None:
             try:
-                result = await fleet.action(node, "ras_status", {"timeout": max(self.timeout - 1.0, 0.5)},
+                result = await fleet.action(node, AgentAction.RAS_STATUS, {"timeout": max(self.timeout - 1.0, 0.5)},
                                             reason=f"which rank is stuck: {why}", timeout=self.timeout)
             except Exception as exc:  # noqa: BLE001 - that node simply did not answer
                 logger.bind(node=node).debug("ras_status failed: {}", exc)

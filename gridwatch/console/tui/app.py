@@ -23,6 +23,7 @@ from gridwatch.console.tui.screens import (
     KeysScreen,
     LogsScreen,
     NodeScreen,
+    QuitScreen,
     TrainingScreen,
     ViewScreen,
 )
@@ -37,6 +38,8 @@ VIEWS: dict[str, type[ViewScreen]] = {
 }
 # Keys that end the command line: what follows them in a burst belongs to the view beneath.
 _LINE_ENDING_KEYS = frozenset({"enter", "escape"})
+# Held keys are looked at again this often, should nothing else hand them on (a safety net).
+_HOLD_RECHECK_S = 1.0
 
 
 class GridwatchApp(App[None]):
@@ -53,16 +56,20 @@ class GridwatchApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, runtime: ConsoleRuntime, *, tick_seconds: float = 1.0, start_runtime: bool = True) -> None:
+    def __init__(self, runtime: ConsoleRuntime, *, tick_seconds: float = 1.0, start_runtime: bool = True,
+                 demo: bool = False) -> None:
+        """``demo``: the runtime watches the demo's own cluster, which quitting takes down: ``q`` asks first."""
         super().__init__()
         self.runtime = runtime
         self.tick_seconds = tick_seconds
         self.start_runtime = start_runtime
+        self.demo = demo
         self.note = ""  # the outcome of the last operator action, shown in the status bar
         self.preflight_running = False
-        self._held: list[events.Key | events.Paste] = []  # typed after ``:``, before its field had focus
+        self._held: list[events.Key | events.Paste] = []  # typed before the screen on top could take them
         self._line_ending = False  # Enter or Escape went to a line whose command has not run yet
         self._stuck_timer: Timer | None = None
+        self._hold_timer: Timer | None = None  # looks at held keys again should nothing else hand them on
         self._role_shown: tuple[str, bool] | None = None  # this console's standing among several, as last drawn
         self._drawn_at = float("-inf")  # monotonic time of the view's last redraw on the tick
 
@@ -169,7 +176,7 @@ class GridwatchApp(App[None]):
         if verb is Verb.PREFLIGHT:
             return lambda: self.run_preflight(rest or None)
         if verb is Verb.QUIT:
-            return self.exit
+            return self._quit_later  # asks first in the demo, as q does
         if verb is Verb.TAKEOVER:
             return self.action_take_over
         return lambda: self.show_view(verb)
@@ -186,10 +193,16 @@ class GridwatchApp(App[None]):
 
     # ------------------------------------------------------------ typing ahead
 
-    def _holding_keys(self) -> bool:
-        """Hold keys while a line's field has no focus yet, while its command has not run, or older keys wait."""
+    def _waiting_screen(self) -> bool:
+        """The screen on top cannot take keys yet: a line whose field has no focus, a view not drawn."""
         screen = self.screen
-        return bool(self._held) or self._line_ending or (isinstance(screen, CommandLine) and not screen.taking_keys)
+        if isinstance(screen, CommandLine):
+            return not screen.taking_keys
+        return isinstance(screen, ViewScreen) and not screen.ready
+
+    def _holding_keys(self) -> bool:
+        """Hold keys while the screen on top cannot take them, while a line's command has not run, or older keys wait."""
+        return bool(self._held) or self._line_ending or self._waiting_screen()
 
     async def on_event(self, event: events.Event) -> None:
         """Keys typed straight after ``:`` reach the command line in order, as in k9s (a paste too).
@@ -197,11 +210,19 @@ class GridwatchApp(App[None]):
         A key goes first to the focused widget and comes back to the app's bindings
         only later, behind keys already queued; so ``:`` opens the line here, on
         arrival, and what follows waits until the line's field has focus (and, after
-        Enter, until the command has run and opened its view).
+        Enter, until the command has run and opened its view). Keys typed while a
+        view is still coming (the console just started, a view just opened) wait
+        until it has drawn itself and focused its widget.
         """
         if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
+            if isinstance(event, events.Key) and event.key == "ctrl+j":
+                # Typed before the console took the terminal over, Enter went through the terminal's
+                # line discipline, which turns its carriage return into a line feed: it is still Enter.
+                event = events.Key("enter", "\r")
             if self._holding_keys():
                 self._held.append(event)
+                if self._hold_timer is None:
+                    self._hold_timer = self.set_timer(_HOLD_RECHECK_S, self._release_late)
                 return
             await self._deliver(event)
             return
@@ -211,7 +232,7 @@ class GridwatchApp(App[None]):
         """Deliver a key as Textual would, except that ``:`` opens the line at once and Enter or
         Escape on the line holds what follows until the line's command has run."""
         if isinstance(event, events.Key):
-            if event.key == "colon" and not isinstance(self.focused, Input):
+            if event.key == "colon" and not isinstance(self.focused, Input) and not isinstance(self.screen, QuitScreen):
                 self.action_command_line()
                 return
             if event.key in _LINE_ENDING_KEYS and isinstance(self.screen, CommandLine):
@@ -228,13 +249,22 @@ class GridwatchApp(App[None]):
     def on_command_line_ready(self, _: CommandLine.Ready) -> None:
         self.call_later(self._release_held)
 
+    def on_view_screen_ready(self, _: ViewScreen.Ready) -> None:
+        self.call_later(self._release_held)
+
+    def _release_late(self) -> None:
+        # The safety net: a view taken down before it was ready sends no Ready, and the screen
+        # under it, ready long since, sends none either. Look again, and again while keys wait.
+        self._hold_timer = None
+        if self._held:
+            self.call_later(self._release_held)
+
     async def _release_held(self) -> None:
         """Hand held keys on as if they arrived now; after one that ends the line, wait until its command ran."""
-        while self._held and not self._line_ending:
-            screen = self.screen
-            if isinstance(screen, CommandLine) and not screen.taking_keys:
-                return  # its Ready message calls this again
+        while self._held and not self._line_ending and not self._waiting_screen():
             await self._deliver(self._held.pop(0))
+        if self._held and self._hold_timer is None:
+            self._hold_timer = self.set_timer(_HOLD_RECHECK_S, self._release_late)
 
     # --------------------------------------------------------------- actions
 
@@ -273,6 +303,21 @@ class GridwatchApp(App[None]):
         self.preflight_running = True
         self.set_note("pre-flight: starting")
         self.run_worker(go(), group="preflight")
+
+    def _quit_later(self) -> None:
+        self.call_later(self.action_quit)
+
+    async def action_quit(self) -> None:
+        """Quit; in the demo, which quitting takes down, ask first (``q`` again or ``y`` quits)."""
+        if not self.demo or isinstance(self.screen, QuitScreen):
+            self.exit()
+            return
+
+        def answered(quit_now: bool | None) -> None:
+            if quit_now:
+                self.exit()
+
+        self.push_screen(QuitScreen(), answered)
 
     def offers(self, entry: Command) -> bool:
         """Whether this console offers a ``:`` command: take over only where consoles share the acting."""

@@ -8,7 +8,8 @@ from gridwatch.console.tui.screens.incidents import IncidentsScreen
 from gridwatch.console.tui.screens.keys import KeysScreen
 from gridwatch.console.tui.screens.logs import LogsScreen
 from gridwatch.console.tui.screens.node import NodeScreen
+from gridwatch.console.tui.screens.quit import QuitScreen
 from gridwatch.console.tui.screens.training import TrainingScreen
 
 __all__ = ["COMMANDS", "CommandLine", "ConfirmScreen", "Confirmed", "FleetScreen", "IncidentsScreen", "KeysScreen",
-           "LogsScreen", "NodeScreen", "TrainingScreen", "ViewScreen"]
+           "LogsScreen", "NodeScreen", "QuitScreen", "TrainingScreen", "ViewScreen"]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, cast
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.css.query import NoMatches
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -48,6 +49,9 @@ class ViewScreen(Screen[None]):
 
     _ready = False
 
+    class Ready(Message):
+        """The view has drawn itself and focused its widget: keys typed while it was coming can go to it now."""
+
     def on_mount(self) -> None:
         # Widgets nested in containers mount after the screen does: draw once they are all there.
         self.call_after_refresh(self._first_draw)
@@ -56,6 +60,7 @@ class ViewScreen(Screen[None]):
         self._ready = True
         self.prepare()
         self.tick()
+        self.post_message(self.Ready())
 
     @property
     def ready(self) -> bool:

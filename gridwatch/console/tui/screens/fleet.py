@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,25 +15,29 @@ from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.prometheus import Panel
 from gridwatch.console.fleet.rows import SORT_KEYS, VALUE_ORDER_EVERY_S, NodeRow
 from gridwatch.console.tui.screens.base import ViewScreen
+from gridwatch.console.tui.screens.node import HOT_C
 from gridwatch.console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
-from gridwatch.console.tui.widgets.heatmap import LEGEND, cell_style
+from gridwatch.console.tui.widgets.heatmap import HEALTH_STEPS, LEGEND, cell_style
 from gridwatch.console.tui.widgets.text_table import Cell
 
+# What says why a node is bad (state, flags, how long since it was heard, its error) comes
+# before the metrics, and the table narrows those columns before it lets one leave the screen.
 NODE_COLUMNS = [
-    Column("name", "NODE", 16),
-    Column("status", "STATE", 10),
-    Column("flags", "FLAGS", 18),
+    Column("name", "NODE", 16, min_width=10, clip="start"),
+    Column("status", "STATE", 10, min_width=7),
+    Column("flags", "FLAGS", 18, min_width=8),
+    Column("age", "SEEN", 6, "right"),
+    Column("error", "ERROR", 24, min_width=8, grow=True),
     Column("gpus", "GPUS", 5, "right"),
-    Column("util", "UTIL", 5, "right"),
-    Column("temp", "TEMP", 5, "right"),
-    Column("power", "POWER", 6, "right"),
-    Column("mem", "MEM", 5, "right"),
+    Column("util", "UTIL %", 6, "right"),
+    Column("temp", "TEMP °C", 7, "right"),
+    Column("power", "POWER W", 7, "right"),
+    Column("mem", "MEM %", 5, "right"),
     Column("rx", "RX", 7, "right"),
     Column("tx", "TX", 7, "right"),
-    Column("step", "STEP", 6, "right"),
-    Column("age", "SEEN", 6, "right"),
-    Column("error", "ERROR", 40),
+    Column("step", "STEP TIME", 9, "right"),
 ]
+KEPT_COLUMNS = 5  # NODE to ERROR
 
 STATUS_STYLES: dict[NodeStatus, Style] = {
     NodeStatus.OK: Style(color="green"),
@@ -43,6 +48,7 @@ STATUS_STYLES: dict[NodeStatus, Style] = {
 }
 _BAD = Style(color="red", bold=True)
 _WARN = Style(color="yellow")
+_HOT = Style(color="yellow", bold=True)  # hot is a warning; red is for what is broken
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -50,23 +56,24 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def node_cells(row: NodeRow) -> list[Cell]:
-    """One node-table row as plain-text cells: the node's strings are never markup."""
+    """One node-table row as plain-text cells, in NODE_COLUMNS' order: the node's strings are never markup."""
     gpus = f"{row.gpus - row.gpu_bad}/{row.gpus}" if row.gpu_bad else str(row.gpus)
-    hot = row.temp_max is not None and row.temp_max >= 85
+    hot = row.temp_max is not None and row.temp_max >= HOT_C
+    step = "N/A" if row.step_time_s is None else f"{row.step_time_s:.2f}s"
     return [
         (row.name, None),
         (str(row.status), STATUS_STYLES[row.status]),
         (row.flags, _BAD if row.flags else None),
+        (format_age(row.age_s), _WARN if row.status is not NodeStatus.OK else None),
+        (row.error or "", _BAD if row.error else None),
         (gpus, _BAD if row.gpu_bad else None),
         (_num(row.util, ".0f"), None),
-        (_num(row.temp_max, ".0f"), _BAD if hot else None),
+        (_num(row.temp_max, ".0f"), _HOT if hot else None),
         (_num(row.power_w, ".0f"), None),
         (_num(row.mem_pct, ".0f"), None),
         (format_rate(row.rx_bps), None),
         (format_rate(row.tx_bps), None),
-        (_num(row.step_time_s, ".2f"), None),
-        (format_age(row.age_s), _WARN if row.status is not NodeStatus.OK else None),
-        (row.error or "", _BAD if row.error else None),
+        (step, None),
     ]
 
 
@@ -95,6 +102,7 @@ class FleetScreen(ViewScreen):
         self.reverse = False
         self.filter_text = ""
         self._only: tuple[list[str], frozenset[str]] | None = None  # the filter's names, as a set for the heatmap
+        self._measured: list[str] | None = None  # the names list the name column was last fitted to
 
     def compose_view(self) -> ComposeResult:
         with Horizontal(id="fleet-body"):
@@ -104,7 +112,7 @@ class FleetScreen(ViewScreen):
             with Vertical(id="table-pane"):
                 yield Input(placeholder="filter: part of a name, a state (stale, down) or a flag (patrol, preflight, isolated, stack)",
                             id="fleet-filter")
-                yield TextTable(NODE_COLUMNS, id="node-table")
+                yield TextTable(NODE_COLUMNS, keep=KEPT_COLUMNS, id="node-table")
                 yield PlainStatic(id="node-detail")
 
     def prepare(self) -> None:
@@ -116,6 +124,10 @@ class FleetScreen(ViewScreen):
         table = self.query_one("#node-table", TextTable)
         table.sort_key, table.sort_reverse = self.sort_key, self.reverse
         names = rows.names  # the same list while the order stands: nothing here walks the fleet then
+        if names is not self._measured:
+            # The name column as wide as the longest name (within its width): room for the error on a narrow screen.
+            self._measured = names
+            table.limit_width("name", max(map(cell_len, names), default=0))
         table.set_rows(rows, names, node_cells)
         # The highlighted row only: at 12,500 nodes the table makes rows for the page it draws, no more.
         self._show_detail(rows[table.cursor] if 0 <= table.cursor < len(rows) else None)
@@ -125,7 +137,8 @@ class FleetScreen(ViewScreen):
                 self._only = (names, frozenset(names))
             only = self._only[1]
         heatmap = self.query_one("#heatmap", GpuHeatmap)
-        heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key)
+        heatmap.set_nodes(self.store.heatmap(self.metric, only), highlight=table.cursor_key,
+                          health=self.metric is Metric.HEALTH)
         self._show_legend(heatmap)
         shown = f"  filter {self.filter_text!r}: {len(rows)} shown" if self.filter_text else ""
         parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  nodes", shown]
@@ -142,11 +155,18 @@ class FleetScreen(ViewScreen):
 
     def _show_legend(self, heatmap: GpuHeatmap) -> None:
         zoom = "a cell per node: its worst GPU, a line per rack" if heatmap.zoomed else "a cell per GPU"
-        legend = Text(f"colour: {self.metric} (m)  {zoom} (z)  cold ")
-        for value in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
-            legend.append("█", style=cell_style(value))
+        legend = Text(f"colour: {self.metric} (m)  {zoom} (z)  ")
+        if heatmap.health:
+            for index, (word, value) in enumerate(HEALTH_STEPS):
+                legend.append(" " if index else "")
+                legend.append("█", style=cell_style(value, health=True))
+                legend.append(f" {word}")
+        else:
+            legend.append("cold ")
+            for value in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+                legend.append("█", style=cell_style(value))
+            legend.append(" hot")
         page, pages = heatmap.page
-        legend.append(" hot")
         if pages > 1:
             legend.append(f"  page {page}/{pages} ([ ] PgUp PgDn)", style="bold")
         legend.append("\n" + LEGEND)

@@ -21,12 +21,13 @@ from gridwatch.console.tui.screens.node import SEVERITY_STYLES
 from gridwatch.console.tui.widgets import Column, PlainStatic, TextTable, format_age
 from gridwatch.console.tui.widgets.text_table import Cell
 
+# WHAT takes the room a wide terminal has, and gives it up first on a narrow one (the detail shows it whole).
 INCIDENT_COLUMNS = [
     Column("sev", "SEV", 8),
     Column("state", "STATE", 12),
-    Column("node", "NODE", 16),
-    Column("title", "WHAT", 40),
-    Column("playbook", "PLAYBOOK", 22),
+    Column("node", "NODE", 16, min_width=10, clip="start"),
+    Column("title", "WHAT", 40, min_width=20, grow=True),
+    Column("playbook", "PLAYBOOK", 22, min_width=12),
     Column("ttd", "TTD", 7, "right"),
     Column("ttr", "TTR", 7, "right"),
     Column("age", "AGE", 6, "right"),

@@ -25,7 +25,7 @@ LOG_COLUMNS = [
     Column("node", "NODE", 16),
     Column("sev", "SEV", 8),
     Column("source", "SOURCE", 18),
-    Column("text", "TEXT", 160),
+    Column("text", "TEXT", 160, grow=True),
 ]
 _LOG_LINE = Style(dim=True)
 # A query naming this many nodes or fewer streams their raw log lines while the view is open.

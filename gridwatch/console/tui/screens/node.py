@@ -9,7 +9,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
 from gridwatch.console.fleet.history import (
@@ -35,7 +35,7 @@ from gridwatch.console.tui.widgets import Column, PlainStatic, TextTable, format
 from gridwatch.console.tui.widgets.text_table import Cell
 from gridwatch.playbooks.durations import format_duration
 from gridwatch.playbooks.history import LEMON_AT, TrackRecord
-from gridwatch.wire.protocol import IbPortSample
+from gridwatch.wire.protocol import AgentAction, IbPortSample
 
 SPARK = 16
 GPU_COLUMNS = [
@@ -53,12 +53,12 @@ GPU_COLUMNS = [
 EVENT_COLUMNS = [
     Column("time", "TIME", 8),
     Column("sev", "SEV", 8),
-    Column("what", "EVENT", 80),
+    Column("what", "EVENT", 80, grow=True),
 ]
 LOG_COLUMNS = [
     Column("time", "TIME", 8),
     Column("source", "SOURCE", 16),
-    Column("line", "LINE", 140),
+    Column("line", "LINE", 140, grow=True),
 ]
 SEVERITY_STYLES = {
     "critical": Style(color="red", bold=True, reverse=True),
@@ -67,6 +67,8 @@ SEVERITY_STYLES = {
     "info": Style(color="cyan"),
 }
 _BAD = Style(color="red", bold=True)
+_HOT = Style(color="yellow", bold=True)  # hot is a warning; red is for what is broken
+HOT_C = 85  # a GPU this hot (°C) is marked hot
 _GOOD = Style(color="green")
 _MUTED = Style(color="grey50")
 
@@ -114,7 +116,7 @@ def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list
             (str(gpu.index), None),
             (names.get(gpu.index, "?"), None),
             (_value_spark(gpu.util, series(GPU_UTIL), ".0f", 0, 100), None),
-            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95), _BAD if (gpu.temp_c or 0) >= 85 else None),
+            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95), _HOT if (gpu.temp_c or 0) >= HOT_C else None),
             (_value_spark(gpu.power_w, series(GPU_POWER), ".0f", 0, None), None),
             (_value_spark(mem, series(GPU_MEM), ".0f", 0, 100), None),
             (",".join(str(t) for t in gpu.throttle), Style(color="yellow") if gpu.throttle else None),
@@ -249,7 +251,7 @@ def isolate_effect(action: str, scheduler: str) -> str:
     Isolation is gridwatch's own mark, kept by the agent; the scheduler's drain
     is another thing, made only by a playbook's drain_node step.
     """
-    if action == "isolate":
+    if action == AgentAction.ISOLATE:
         text = (": gridwatch marks it isolated (kept across agent restarts), its trainer is asked to leave the job, "
                 "and playbooks send it no more job-wide steps")
         if scheduler != "none":
@@ -284,7 +286,8 @@ class NodeScreen(ViewScreen):
     def compose_view(self) -> ComposeResult:
         yield TextTable(GPU_COLUMNS, id="gpu-table")
         with Horizontal(id="node-lower"):
-            with Vertical(id="host-pane"):
+            # Host, checks and history outgrow the pane on a short terminal: it scrolls (tab to it, then arrows).
+            with VerticalScroll(id="host-pane"):
                 yield PlainStatic(id="host-panel")
                 yield PlainStatic(id="node-checks")
                 yield PlainStatic(id="node-history")
@@ -370,14 +373,14 @@ class NodeScreen(ViewScreen):
     def action_force_return(self) -> None:
         """Put the node back in service although a history rule keeps it out (audited with what it overrides)."""
         what = Text.assemble("return node ", (self.node_name, "bold"), " to service, overriding the history rules",
-                             isolate_effect("unisolate", self.runtime.scheduler))
+                             isolate_effect(AgentAction.UNISOLATE, self.runtime.scheduler))
 
         def done(result: Confirmed | None) -> None:
             if result is None:
                 return
 
             async def go() -> None:
-                sent = await self.runtime.node_action(self.node_name, "unisolate", result.reason, force=True)
+                sent = await self.runtime.node_action(self.node_name, AgentAction.UNISOLATE, result.reason, force=True)
                 self._history_read = float("-inf")
                 self.gw.set_note(f"forced return of {self.node_name}: {'ok' if sent.ok else 'failed: ' + sent.message}")
 
@@ -411,13 +414,13 @@ class NodeScreen(ViewScreen):
 
     def action_isolate(self) -> None:
         node = self.store.by_name(self.node_name)
-        action = "unisolate" if node is not None and node.isolated else "isolate"
+        action = AgentAction.UNISOLATE if node is not None and node.isolated else AgentAction.ISOLATE
         what = Text.assemble(f"{action} node ", (self.node_name, "bold"), isolate_effect(action, self.runtime.scheduler))
         self._confirm_then(action, what)
 
     def action_checkpoint(self) -> None:
-        self._confirm_then("checkpoint_now", Text.assemble("ask the trainer on ", (self.node_name, "bold"),
-                                                           " to checkpoint now"))
+        self._confirm_then(AgentAction.CHECKPOINT_NOW, Text.assemble("ask the trainer on ", (self.node_name, "bold"),
+                                                                     " to checkpoint now"))
 
     def _confirm_then(self, action: str, what: Text) -> None:
         def done(result: Confirmed | None) -> None:

@@ -16,7 +16,7 @@ from gridwatch.console.tui.widgets.text_table import Cell
 
 RANK_COLUMNS = [
     Column("rank", "RANK", 5, "right"),
-    Column("time", "STEP s", 7, "right"),
+    Column("time", "STEP TIME", 9, "right"),
     Column("bar", "", 30),
     Column("mark", "", 10),
 ]
@@ -47,7 +47,7 @@ def rank_cells(summary: TrainingSummary) -> tuple[list[list[Cell]], list[str]]:
         seconds = times[rank]
         late = rank_of(rank) in stragglers
         style = _STRAGGLER if late else None
-        rows.append([(rank, style), (f"{seconds:.3f}", style), ("█" * max(int(30 * seconds / slowest), 1), style),
+        rows.append([(rank, style), (f"{seconds:.3f}s", style), ("█" * max(int(30 * seconds / slowest), 1), style),
                      ("straggler" if late else "", style)])
         keys.append(rank)
     return rows, keys
@@ -62,7 +62,7 @@ def training_text(summary: TrainingSummary) -> Text:
         text.append(f"   epoch {s.epoch}")
     text.append(f"   loss {s.loss:.4f}" if s.loss is not None else "   loss N/A")
     text.append(f"   tokens/s {s.tokens_per_s:,.0f}" if s.tokens_per_s is not None else "   tokens/s N/A")
-    text.append(f"   step {s.step_time_s:.3f}s" if s.step_time_s is not None else "")
+    text.append(f"   step time {s.step_time_s:.3f}s" if s.step_time_s is not None else "")
     text.append(f"\nworld size {s.world_size if s.world_size is not None else 'N/A'}   membership: ")
     text.append(", ".join(str(m) for m in s.membership) or "N/A")
     text.append(f"\nreported by {summary.node} {format_age(summary.age_s)} ago; {summary.nodes_reporting} nodes report")

@@ -24,10 +24,14 @@ from gridwatch.sshlink.hostlist import compress
 LABEL_MAX = 24  # a name column wider than this would crowd out the cells
 GROUP_LABEL_MIN = 6  # a group's name above its cells gets at least this many columns
 BUCKETS = 10
-# Cold to hot; the same scale for every metric so a glance reads the same way.
-_RAMP = ["#2b4c7e", "#2f7fa3", "#2fa38a", "#4caf50", "#8bc34a", "#cddc39", "#ffeb3b", "#ffc107", "#ff9800",
-         "#f44336", "#d50000"]
+# Cold to hot for how busy a GPU is (util, temperature, power, memory), the same scale for each so a
+# glance reads the same way: dark blue to pale yellow, never red, so that red on the console means broken.
+_RAMP = ["#253494", "#2c5fa8", "#1d91c0", "#2fa8bf", "#41b6a4", "#5cc28a", "#8bd16f", "#b8dd5a", "#dde84e",
+         "#f5ee55", "#fff9a8"]
 _STYLES = [Style(color=Color.parse(c)) for c in _RAMP]
+# The health metric (0 ok, 0.5 degraded, 1 failing) has its own three colours: red is failing.
+HEALTH_STEPS = (("ok", 0.0), ("degraded", 0.5), ("failing", 1.0))
+_HEALTH = [Style(color=Color.parse(c)) for c in ("#4caf50", "#ffc107", "#f44336")]
 _NA = Style(color="grey50")
 _DOWN = Style(color="red", dim=True)
 _MARKS = {
@@ -44,7 +48,10 @@ ZOOM_LABEL = 18  # the group's name before its cells when zoomed out
 _RACK = re.compile(r"^(.+?)[-._][^-._]*$")  # rack12-node07 -> rack12
 
 
-def cell_style(value: float) -> Style:
+def cell_style(value: float, health: bool = False) -> Style:
+    """A cell's colour for a 0..1 value: the cold-to-hot ramp, or with ``health`` ok/degraded/failing."""
+    if health:
+        return _HEALTH[0 if value < 0.25 else 1 if value < 0.75 else 2]
     return _STYLES[min(max(int(value * BUCKETS + 0.5), 0), BUCKETS)]
 
 
@@ -132,6 +139,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         self.nodes: Sequence[HeatmapNode] = []
         self.highlight: str | None = None
         self.zoomed = False  # one cell per node (its worst GPU), a line per rack
+        self.health = False  # the values are health (ok, degraded, failing), not how busy a GPU is
         self._names: list[str] = []
         self._cells_per_node = 8
         self._per_line = 1
@@ -144,10 +152,11 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         self._run_labels: dict[int, str] = {}
         self._counted = -1  # how many nodes the cells per node were counted over
 
-    def set_nodes(self, nodes: Sequence[HeatmapNode], highlight: str | None = None) -> None:
-        """Replace the cells (once a tick) and redraw the visible lines."""
+    def set_nodes(self, nodes: Sequence[HeatmapNode], highlight: str | None = None, health: bool = False) -> None:
+        """Replace the cells (once a tick) and redraw the visible lines; ``health``: the values are health."""
         self.nodes = nodes
         self.highlight = highlight
+        self.health = health
         if isinstance(nodes, LazyRows):
             # Read from the nodes, not their cells: a cell is made only for a line on screen.
             self._names = nodes.names
@@ -310,7 +319,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
                     glyph, style = ("·" if down else "?"), (_DOWN if down else _NA)
                 else:
                     # A stale node keeps its last colours, shaded so it reads as old.
-                    glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value))
+                    glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value, self.health))
                 put(glyph, combined(style, extra))
             for _ in range(pad):
                 put(" ", base)
@@ -349,7 +358,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
                 glyph, style = _CHECKS
             else:
                 value = node.worst
-                glyph, style = ("?", _NA) if value is None else ("█", cell_style(value))
+                glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
             style = base + style + hi if node.name == self.highlight else base + style
             if style != run_style and run:
                 segments.append(Segment("".join(run), run_style))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.events import Click
+from textual.events import Click, Resize
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -22,26 +22,72 @@ from gridwatch.console.tui.widgets.plain import plain
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """A column: ``key`` names it for sorting, ``width`` is in cells."""
+    """A column: ``key`` names it for sorting, ``width`` is in cells.
+
+    ``min_width``: how narrow the table may make it so that the columns it keeps in view fit
+    (None: never narrower). ``grow``: it takes the room left once every column fits.
+    ``clip="start"`` keeps a clipped value's end (node names differ there).
+    """
 
     key: str
     title: str
     width: int
     align: Literal["left", "right"] = "left"
+    min_width: int | None = None
+    grow: bool = False
+    clip: Literal["end", "start"] = "end"
 
 
 # A cell is literal text plus an optional style: text is never parsed as markup.
 Cell = tuple[str, Style | None]
 
 
-def fit(text: str, width: int, align: str = "left") -> str:
-    """Pad or clip ``text`` to exactly ``width`` cells (clipped text ends in an ellipsis); controls dropped."""
+def fit(text: str, width: int, align: str = "left", clip: str = "end") -> str:
+    """Pad or clip ``text`` to exactly ``width`` cells (an ellipsis marks what was cut); controls dropped.
+
+    ``clip="start"`` cuts the beginning and keeps the end.
+    """
     text = plain(text)
     length = cell_len(text)
     if length > width:
-        return set_cell_size(text, width - 1) + "…" if width > 1 else set_cell_size(text, width)
+        if width <= 1:
+            return set_cell_size(text, width)
+        if clip == "start":
+            tail = text[-(width - 1):]
+            while cell_len(tail) > width - 1:  # wide characters: drop from the front until it fits
+                tail = tail[1:]
+            return "…" + " " * (width - 1 - cell_len(tail)) + tail
+        return set_cell_size(text, width - 1) + "…"
     pad = " " * (width - length)
     return pad + text if align == "right" else text + pad
+
+
+def column_widths(columns: Sequence[Column], width: int, keep: int) -> list[int]:
+    """Each column's width in a table ``width`` cells wide (a space after each column).
+
+    When everything fits, the first growing column takes the rest. When the first ``keep``
+    columns do not fit, they are narrowed towards their ``min_width``: first the others from the
+    right (their width is for the worst case), then the growing one (it has the text to spare).
+    """
+    widths = [c.width for c in columns]
+    total = sum(w + 1 for w in widths)
+    if total <= width:
+        grow = next((i for i, c in enumerate(columns) if c.grow), None)
+        if grow is not None:
+            widths[grow] += width - total
+        return widths
+    kept = list(range(min(keep, len(columns))))
+    over = sum(widths[i] + 1 for i in kept) - width
+    order = [i for i in reversed(kept) if not columns[i].grow] + [i for i in reversed(kept) if columns[i].grow]
+    for i in order:
+        if over <= 0:
+            break
+        least = columns[i].min_width
+        if least is not None and widths[i] > least:
+            cut = min(widths[i] - least, over)
+            widths[i] -= cut
+            over -= cut
+    return widths
 
 
 class PaintedOnce(ScrollView):
@@ -70,11 +116,13 @@ class TextTable(PaintedOnce, can_focus=True):
     """
 
     COMPONENT_CLASSES = {"text-table--header", "text-table--cursor", "text-table--sorted"}
+    # The cursor row's text takes the colour that reads best on the cursor (black on the accent's
+    # orange, about 10:1), over the cells' own colours: a selected row must stay readable.
     DEFAULT_CSS = """
     TextTable { height: 1fr; }
     TextTable > .text-table--header { text-style: bold; background: $panel; }
-    TextTable > .text-table--cursor { background: $accent 40%; }
-    TextTable:focus > .text-table--cursor { background: $accent; }
+    TextTable > .text-table--cursor { background: $accent 40%; color: auto 100%; }
+    TextTable:focus > .text-table--cursor { background: $accent; color: auto 100%; }
     TextTable > .text-table--sorted { text-style: bold underline; background: $panel; }
     """
     BINDINGS = [
@@ -107,10 +155,14 @@ class TextTable(PaintedOnce, can_focus=True):
     class Highlighted(_RowMessage):
         """The cursor moved to another row."""
 
-    def __init__(self, columns: list[Column], *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, columns: list[Column], *, keep: int | None = None, name: str | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
+        """``keep``: how many leading columns are narrowed (to their ``min_width``) to stay in view; all by default."""
         super().__init__(name=name, id=id, classes=classes)
         self.columns = columns
+        self.keep = len(columns) if keep is None else keep
+        self._widths: tuple[int, list[int]] | None = None  # (table width, column widths) as last laid out
+        self._limits: dict[str, int] = {}  # column key -> the widest value it holds, where a view said so
         self.rows: Sequence[Any] = []
         self.keys: list[str] = []
         self._format: Callable[[Any], list[Cell]] | None = None
@@ -131,7 +183,7 @@ class TextTable(PaintedOnce, can_focus=True):
         self.keys = keys
         self._format = formatter
         self._formatted = {}
-        self.virtual_size = Size(sum(c.width + 1 for c in self.columns), len(rows) + 1)
+        self.virtual_size = Size(sum(w + 1 for w in self.widths), len(rows) + 1)
         if current is not None and 0 <= self.cursor < len(keys) and keys[self.cursor] == current:
             pass  # still in its place: no search through 12,500 keys on every tick
         elif current is not None and current in keys:
@@ -139,6 +191,27 @@ class TextTable(PaintedOnce, can_focus=True):
         else:
             self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
         self.refresh()
+
+    def limit_width(self, key: str, cells: int) -> None:
+        """Make column ``key`` no wider than ``cells`` (its widest value), yet as wide as its title and sort arrow."""
+        col = next(c for c in self.columns if c.key == key)
+        cells = min(max(cells, cell_len(col.title) + 2), col.width)
+        if self._limits.get(key) != cells:
+            self._limits[key] = cells
+            self._widths = None
+            self.refresh()
+
+    @property
+    def widths(self) -> list[int]:
+        """The columns' widths at the table's present width (laid out again when that changes)."""
+        width = self.scrollable_content_region.width
+        if self._widths is None or self._widths[0] != width:
+            columns = [replace(c, width=self._limits[c.key]) if c.key in self._limits else c for c in self.columns]
+            self._widths = (width, column_widths(columns, width, self.keep))
+        return self._widths[1]
+
+    def on_resize(self, event: Resize) -> None:
+        self.virtual_size = Size(sum(w + 1 for w in self.widths), len(self.rows) + 1)
 
     def cells(self, index: int) -> list[Cell]:
         """Row ``index`` as the cells it is drawn with."""
@@ -213,13 +286,14 @@ class TextTable(PaintedOnce, can_focus=True):
         header = self.get_component_rich_style("text-table--header")
         sorted_style = self.get_component_rich_style("text-table--sorted")
         segments = []
-        for col in self.columns:
-            title = col.title
-            style = header
-            if col.key == self.sort_key:
-                title += " ▼" if self.sort_reverse else " ▲"
-                style = sorted_style
-            segments.append(Segment(fit(title, col.width, col.align), style))
+        for col, width in zip(self.columns, self.widths):
+            if col.key == self.sort_key and width > 2:
+                # The arrow stays whole; a title too long for it is clipped before it.
+                arrow = " ▼" if self.sort_reverse else " ▲"
+                title = col.title if cell_len(col.title) + 2 <= width else fit(col.title, width - 2)
+                segments.append(Segment(fit(title + arrow, width, col.align), sorted_style))
+            else:
+                segments.append(Segment(fit(col.title, width, col.align), header))
             segments.append(Segment(" ", header))
         return Strip(segments)
 
@@ -235,11 +309,11 @@ class TextTable(PaintedOnce, can_focus=True):
                 return Strip.blank(width, base)
             row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
             segments = []
-            for col, (text, style) in zip(self.columns, self.cells(index)):
+            for col, cells, (text, style) in zip(self.columns, self.widths, self.cells(index)):
                 cell_style = base + style if style else base
                 if row_style is not None:
                     cell_style = cell_style + row_style
-                segments.append(Segment(fit(text, col.width, col.align), cell_style))
+                segments.append(Segment(fit(text, cells, col.align, col.clip), cell_style))
                 segments.append(Segment(" ", base + row_style if row_style else base))
             strip = Strip(segments)
         return strip.crop_extend(scroll_x, scroll_x + width, base)

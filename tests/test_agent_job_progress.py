@@ -1,0 +1,54 @@
+"""A job gridwatch did not write: its agent reads how far it is from the job's own progress lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gridwatch.agent.logs import LogTailer
+from gridwatch.playbooks.clock import ManualClock
+from gridwatch.playbooks.engine import Engine
+from gridwatch.playbooks.loader import load_builtin
+from gridwatch.wire.protocol import Hello, Sample, decode_agent_frame, summarize
+from tests.conftest import start_agent, stop_agent, wait_until
+
+CORPUS = Path(__file__).parent / "data" / "progress" / "progress.jsonl"
+
+
+def _latest(agent: object) -> Sample | None:
+    """The newest sample the agent published, read back from its ring as a console would get it."""
+    frames, _ = agent.ring.since(max(agent.ring.last_seq - 20, 0))  # type: ignore[attr-defined]
+    samples = [f for f in map(decode_agent_frame, frames) if isinstance(f, Sample)]
+    return samples[-1] if samples else None
+
+
+def _megatron_lines() -> list[str]:
+    rows = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+    return [r["line"] for r in rows if r["framework"] == "megatron" and "lm loss" in r["line"]][:2]
+
+
+async def test_a_megatron_job_s_log_gives_the_console_its_step_loss_and_step_time(keys, tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False))
+    try:
+        first, second = _megatron_lines()
+        with log.open("a") as fh:
+            fh.write("building GPT model ...\n" + first + "\n" + second + "\n")
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
+                         and s.trainer.step == int(second.split("/")[0].split()[-1]),
+                         timeout=10, what="a sample carrying the job's progress")
+        sample = _latest(ra.agent)
+        status = sample.trainer
+        assert status.read_from == str(log) and status.phase == "training"
+        assert status.step == int(second.split("/")[0].split()[-1])  # the newest iteration printed
+        assert status.loss is not None and status.step_time_s is not None and status.step_time_s > 1.0
+        assert summarize(sample).trainer.read_from == str(log)  # the fleet's summaries say it too
+        # Read from a log, it is no trainer of gridwatch's: the engine does not count on it to leave in place.
+        engine = Engine(load_builtin(), ManualClock(1000.0))
+        engine.observe("node-1", Hello(node="node-1"))
+        engine.observe("node-1", summarize(sample))
+        node = engine.nodes["node-1"]
+        assert node.trainer_step == status.step and not node.trainer_attached
+    finally:
+        await stop_agent(ra)
