@@ -416,7 +416,7 @@ async def test_one_dead_node_keeps_its_last_values_with_age_and_error() -> None:
         await pilot.pause()
         rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).row_cells()}
         dead = rows["node01"]
-        assert dead[1][0] == "down" and dead[6][0] != "N/A" and dead[3][0] == "30s"
+        assert dead[1][0] == "down" and dead[7][0] != "N/A" and dead[3][0] == "30s"
         assert "connection refused" in dead[4][0]
         # The table clips the error; the highlighted node's line under it shows it whole.
         assert "node01  down  seen 30s ago  node01:8022: connection refused (is the agent running?)" in screen_text(app)
@@ -581,7 +581,7 @@ async def test_red_means_broken_not_busy() -> None:
         await wait_for(pilot, lambda: "colour: temp" in screen_text(app))
         assert not any(_is_red(c) for c in cell_colours("busy01"))
         row = next(r for r in app.screen.query_one("#node-table", TextTable).row_cells() if r[0][0] == "busy01")
-        assert int(row[7][0]) >= 85 and not _is_red(tuple(row[7][1].color.get_truecolor()))  # the table's TEMP too
+        assert int(row[8][0]) >= 85 and not _is_red(tuple(row[8][1].color.get_truecolor()))  # the table's TEMP too
         await pilot.press("m", "m", "m")
         await wait_for(pilot, lambda: "colour: health" in screen_text(app))
         assert any(_is_red(c) for c in cell_colours("broken01"))  # a lost GPU is red

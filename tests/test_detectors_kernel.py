@@ -110,3 +110,66 @@ def test_no_detector_raises_on_random_bytes_or_cut_lines() -> None:
                     if prefilter.search(part):
                         for detector in kernel.DETECTORS:
                             detector(part, "", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "severity", "details"),
+    [
+        # leptonai/gpud#1271
+        ("Jul 09 10:42:47 pool0-0082 kernel: NVRM: knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's postRxDetLinkMask failed!",
+         "nvlink_error", "critical", {"peer": "0", "function": "knvlinkDiscoverPostRxDetLinks_GH100"}),
+        # NVIDIA/open-gpu-kernel-modules#1230
+        ("[   84.300480] NVRM: GPU6 kgmmuCheckMemSubsysError_IMPL: Memory Subsystem Error detected. kbusSendSysmembarSingle failed.",
+         "gsp_error", "critical", {"driver_gpu": "6", "reason": "the GPU's memory subsystem stopped responding"}),
+        # NVIDIA/open-gpu-kernel-modules#1045
+        ("[Mon May  4 14:09:23 2026] NVRM: GPU3 _kgspRpcGspEventPmuHalted: Received signal from GSP that PMU has halted.",
+         "gsp_error", "critical", {"reason": "the GPU's power management unit (PMU) halted"}),
+        # NVIDIA/nvidia-docker#1553
+        ("Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error", "fell_off_bus", "critical",
+         {"pci_bus_id": "0000:09:00.0", "error": "Unknown Error"}),
+        # yangxiaohua2009/custom-kernel#6 (BERT replaying the previous boot's fatal error) and kubernetes/node-problem-detector#846
+        ("[    2.345575] [Hardware Error]: event severity: fatal", "machine_check", "critical", {"error_severity": "fatal"}),
+        ("kernel: {3}[Hardware Error]: event severity: recoverable", "machine_check", "error", {"error_severity": "recoverable"}),
+        ("kernel: {37}[Hardware Error]: event severity: corrected", "machine_check", "info", {"error_severity": "corrected"}),
+        ("Sep 16 19:51:15 kernel: [    0.064261] mce: [Hardware Error]: Machine check events logged", "machine_check", "warning", {}),
+        # openucx/ucx#7738 and leptonai/gpud#348
+        ("b1360: [14280.445226] mlx5_core 0000:61:00.0: wait_func:1132:(pid 141181): CREATE_DCT(0x710) timeout. "
+         "Will cause a leak of a command resource", "nic_error", "error", {"pci_bus_id": "0000:61:00.0"}),
+        ("[Sun Dec  1 14:54:40 2024] ny2g1r12hh2 kernel: mlx5_core 0000:5c:00.0: mlx5_pcie_event:299:(pid 268269): "
+         "Detected insufficient power on the PCIe slot (27W).", "nic_error", "warning", {"pci_bus_id": "0000:5c:00.0"}),
+        # systemd/systemd#12236
+        ("Apr 07 11:23:01 SecHackLabs systemd-networkd[9460]: bond1: Lost carrier", "nic_link_down", "error",
+         {"device": "bond1", "reason": "lost carrier"}),
+    ],
+)
+def test_second_round_kernel_signals(line: str, kind: str, severity: str, details: dict[str, str]) -> None:
+    event = detect(line, "/dev/kmsg", 1.0)
+    assert event is not None and (event.kind, event.severity) == (kind, severity), line
+    assert {k: event.details.get(k) for k in details} == details
+    assert event.details["action"]
+
+
+def test_the_oom_reaper_after_its_kill_is_the_same_kill() -> None:
+    # The kill and the reaper's line for the same pid are one event; a reaper line alone still reports the kill.
+    kill = "Out of memory: Killed process 22222 (nginx)."
+    reaped = "oom_reaper: reaped process 22222 (nginx), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB"
+    assert [e.kind if (e := detect(line, "/dev/kmsg-reaper", 1.0)) else None for line in (kill, reaped)] == ["oom_killer", None]
+    alone = detect("oom_reaper: reaped process 345646 (vector), now anon-rss:0kB, file-rss:0kB, shmem-rss:0", "/dev/kmsg-2", 1.0)
+    assert alone is not None and (alone.kind, alone.details["pid"]) == ("oom_killer", "345646")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Sep 16 19:51:15 kernel: [    0.064261] mce: [Hardware Error]: Machine check events logged",
+        "Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error",
+        "[Mon May  4 14:09:23 2026] NVRM: GPU3 _kgspRpcGspEventPmuHalted: Received signal from GSP that PMU has halted.",
+        "Jul 09 10:42:47 pool0-0082 kernel: NVRM: knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's postRxDetLinkMask failed!",
+        "mlx5_core 0000:61:00.0: wait_func:1132:(pid 141181): CREATE_DCT(0x710) timeout. Will cause a leak of a command resource",
+        "Apr 07 11:23:01 SecHackLabs systemd-networkd[9460]: bond1: Lost carrier",
+    ],
+)
+def test_an_application_log_cannot_report_the_new_hardware_kinds(line: str) -> None:
+    # Printed by a job (its own nvidia-smi, a quoted dmesg), these are its words, not the node's.
+    assert detect(line, "/var/log/train.log", 1.0, kernel=False) is None
+    assert detect(line, "/dev/kmsg", 1.0) is not None

@@ -43,6 +43,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "nan_loss",
         "cuda_error",
         "worker_failed",
+        "process_crash",  # a C++ abort, or a crash inside NCCL or CUDA
         "loss_spike",
         "straggler",
         "trainer_exit",
@@ -80,6 +81,8 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "oom_killer",
         "kernel_panic",
         "disk_io_error",
+        "machine_check",
+        "nic_error",
         # A metric condition a console asked the agent to watch (Subscribe.watches).
         "condition_held",
         "condition_cleared",

@@ -1,17 +1,20 @@
-"""Detectors for what the kernel, the GPU driver and the host write: XIDs, GSP, NVSwitch, NICs, PCIe, memory, disks.
+"""Detectors for what the kernel, the GPU driver and the host write: XIDs, GSP, NVLink, NVSwitch, NICs, PCIe, machine checks, memory, disks.
 
 Each event carries what an operator needs to act: the PCI id, the device or
 port, the code, and in ``details["action"]`` what to do about it. The line
 shapes are the drivers' own (``NVRM:``, ``nvidia-nvswitch``, ``mlx5_core``,
 ``pcieport``, ``EDAC``, ...), as ``/dev/kmsg``, ``dmesg``, ``kern.log`` and
-the journal show them, with or without a timestamp or syslog prefix.
+the journal show them, with or without a timestamp or syslog prefix. A few
+lines come from root's own tools beside the kernel (``nvidia-smi`` naming a GPU
+the driver lost, ``systemd-networkd`` losing a port's carrier): they are read
+from the journal's named units, never from an application's log.
 """
 
 from __future__ import annotations
 
 import re
 
-from gridwatch.agent.detectors.common import Detector, make_event
+from gridwatch.agent.detectors.common import Detector, by_first_character, make_event, remember
 from gridwatch.agent.sources.pci import pci_key
 from gridwatch.wire.protocol import Event, Text
 from gridwatch.wire.xid import xid_meaning, xid_resolution, xid_severity
@@ -19,12 +22,15 @@ from gridwatch.wire.xid import xid_meaning, xid_resolution, xid_severity
 # The words any line of this module's kinds contains; a line without them costs one search.
 # Every branch starts with a plain character, never a class ("Link|link", not "[Ll]ink"): the
 # regex engine then skips to the positions where a branch can begin (measured 6x faster a line).
-PREFILTER = (
+# Grouped by first character (common.by_first_character), each position costs one branch, not all.
+PREFILTER = by_first_character(
     r"NVRM|SXid|nvswitch|NVSwitch|fabricmanager|fabric manager|\] \[ERROR\]|peermem|nv_peer_mem"
     r"|Link (?:is )?[Dd]own|link (?:is )?[Dd]own|link status definitely down|NETDEV WATCHDOG|Port module event"
     r"|AER|PCIe Bus Error|EDAC|blocked for more than|soft lockup|hard LOCKUP"
     r"|Out of memory|out of memory|oom-kill:|Killed process|Kernel [Pp]anic"
     r"|I/O error|EXT4-fs error|XFS \(|BTRFS|nvme|read-only|failing array|beyond end of device"
+    r"|GSP task watchdog|Unable to determine the device handle|Hardware Error|Machine check events|Lost carrier"
+    r"|oom_reaper|Will cause a leak|health compromised|Detected insufficient power"
 )
 
 # A PCI address as the kernel and the driver print it: 0000:3b:00.0, 0000:3b:00, 00000000:86:00.0.
@@ -95,27 +101,121 @@ def _off_bus(line: str, source: str, ts: float) -> Event | None:
     )
 
 
+# The GPU's firmware (GSP) stopped answering, crashed, or told the driver that an engine it runs
+# is gone; or the driver gave up on the GPU until it is reset. Each is one line of the driver's
+# report (the RPC history, register dumps and "Note: please also check logs above" around it are
+# not), and whatever the reason the GPU must be reset before it can be trusted again.
 _GSP = re.compile(
-    r"NVRM: .*(?:Timeout (?:waiting for RPC from GSP|after \d+s of waiting for RPC response)"
-    r"|_kgspLogXid119|GSP RM heartbeat timed out|_kgspIsHeartbeatTimedOut|Heartbeat timed out"
-    r"|Rate limiting GSP RPC error prints|GSP RPC timeout|kgspHealthCheck.*fail)",
+    r"Timeout (?:waiting for RPC from GSP|after \d+s of waiting for RPC response)|rpcRecvPoll timedout"
+    r"|GSP RPC timeout|\*{8,} GSP Timeout \*{8,}|GSP RM heartbeat timed out|_kgspIsHeartbeatTimedOut|Heartbeat timed out"
+    r"|Rate limiting GSP RPC error prints|GPU marked for reset|NV_ERR_RESET_REQUIRED|NV_ERR_GPU_IN_FULLCHIP_RESET"
+    r"|GSP-CrashCat Report|LibOS Task Watchdog Report|kgspHealthCheck.*fail|PMU has halted|Memory Subsystem Error detected"
 )
+# The watchdog's line of a GSP crash report, which the journal can show without the NVRM prefix.
+_GSP_WATCHDOG = "GSP task watchdog timeout @ pc:"
 _DRIVER_GPU = re.compile(r"\bGPU(\d+)\b")
 
 
+def _gsp_reason(said: str) -> str:
+    """What the driver's line means, for the operator (the most specific of what it says)."""
+    if "eartbeat" in said:
+        return "the GSP firmware's heartbeat stopped"
+    if "Rate limiting" in said:
+        return "GSP RPCs keep failing; the driver says the GPU likely needs a reset"
+    if "CrashCat" in said or "atchdog" in said or "kgspHealthCheck" in said:
+        return "the GSP firmware crashed"
+    if "PMU" in said:
+        return "the GPU's power management unit (PMU) halted"
+    if "Memory Subsystem" in said:
+        return "the GPU's memory subsystem stopped responding"
+    if "reset" in said or "RESET" in said:
+        return "the driver holds the GPU for a reset"
+    return "a GSP RPC timed out"
+
+
 def _gsp(line: str, source: str, ts: float) -> Event | None:
-    if _GSP.search(line) is None:
+    driver = line.find("NVRM: ")
+    # Searched from the driver's prefix on: a plain alternation, not "NVRM: .*(...)", which backtracks.
+    if (driver < 0 or _GSP.search(line, driver) is None) and _GSP_WATCHDOG not in line:
         return None
+    reason = _gsp_reason(line)
     gpu = _DRIVER_GPU.search(line)
     return make_event(
         "gsp_error",
         "critical",
-        f"GSP firmware stopped answering the driver (as XID 119): {line.strip()}",
+        f"GPU firmware fault ({reason}): {line.strip()}",
         source,
         ts,
-        pci_bus_id=_pci(line.split("NVRM:", 1)[1]),
+        pci_bus_id=_pci(line.split("NVRM:", 1)[-1]),
         driver_gpu=gpu.group(1) if gpu else "",
+        reason=reason,
         action="reset the GPU (nvidia-smi -r) once it is idle; reboot if the reset fails",
+    )
+
+
+# nvidia-smi (NVML) cannot get a handle for a GPU the driver lost ("Unknown Error", or "GPU is
+# lost" when NVML knows it): the same loss as a GPU off the bus. The line is root's tool's, so it
+# is trusted only from a named journal unit or a root-only log, never from a job's own output.
+_NVML_LOST = re.compile(
+    r"Unable to determine the device handle for (?:GPU ?)?([0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?): "
+    r"(Unknown Error|GPU is lost)"
+)
+
+
+def _nvml_lost(line: str, source: str, ts: float) -> Event | None:
+    if "Unable to determine the device handle" not in line:
+        return None
+    match = _NVML_LOST.search(line)
+    if match is None:
+        return None
+    bus, error = match.groups()
+    return make_event(
+        "fell_off_bus",
+        "critical",
+        f"NVML cannot reach a GPU the driver has lost ({error}): {line.strip()}",
+        source,
+        ts,
+        pci_bus_id=pci_key(bus),
+        error=error,
+        action="reboot the node; if it returns, inspect the GPU's power, cooling and seating",
+    )
+
+
+# ------------------------------------------------------------------- NVLink
+
+# The driver's NVLink code (its knvlink* functions) reports links that failed to train or a
+# peer's link mask it could not read, with no XID: those links are down, and collectives
+# over NVLink hang or fall back to PCIe until the GPUs are reset (gpud treats the post-RX
+# link-mask failure as needing a reboot). Two of its LEVEL_ERROR prints are not faults:
+# "Need to shutdown all links unilaterally" on every ordinary unload or reset where a peer
+# went first, and a fabric base address being assigned.
+_KNVLINK = re.compile(r"NVRM: (?:GPU(\d+) )?(knvlink\w+): (.*)")
+_KNVLINK_FAULT = re.compile(r"[Ff]ail|Timedout|timed out|Unable to|[Ee]rror")
+_KNVLINK_BENIGN = ("shutdown all links unilaterally", "is assigned to GPU")
+_PEER = re.compile(r"\bpeer ?(\d+)")
+
+
+def _nvlink(line: str, source: str, ts: float) -> Event | None:
+    if "knvlink" not in line:
+        return None
+    match = _KNVLINK.search(line)
+    if match is None:
+        return None
+    gpu, function, said = match.groups()
+    if _KNVLINK_FAULT.search(said) is None or any(benign in said for benign in _KNVLINK_BENIGN):
+        return None
+    peer = _PEER.search(said)
+    return make_event(
+        "nvlink_error",
+        "critical",
+        f"NVLink links failed in the driver (training or link mask); collectives over NVLink hang or slow down: {line.strip()}",
+        source,
+        ts,
+        pci_bus_id=_pci(said),
+        driver_gpu=gpu or "",
+        function=function,
+        peer=peer.group(1) if peer else "",
+        action="drain the node and reset its GPUs (or reboot); check Fabric Manager and the NVLink status (nvidia-smi nvlink -s)",
     )
 
 
@@ -243,10 +343,13 @@ _NIC_DOWN = re.compile(r"(?:(\S+):? (?:NIC )?[Ll]ink (?:is )?[Dd]own\b)|link sta
 _WATCHDOG = re.compile(r"NETDEV WATCHDOG: (?:(\S+) \(([^)]+)\): )?(?:CPU: \d+: )?transmit queue (\d+) timed out")
 _MODULE = re.compile(r"Port module event(?:\[(error|warning)\])?: module (\d+), (.*)")
 _WATCHDOG_DEV = re.compile(r"(\S+): NETDEV WATCHDOG")
+# systemd-networkd's "<port>: Lost carrier" for a training port (InfiniBand, Ethernet, a bond of
+# them); a wireless card, a container's veth or a bridge losing its carrier is not the job's link.
+_CARRIER = re.compile(r"(?:^|[\s:])((?:ib|en|eth|bond|team)[\w.@-]*): Lost carrier\b")
 
 
 def _nic(line: str, source: str, ts: float) -> Event | None:
-    if "ink" not in line and "NETDEV WATCHDOG" not in line and "Port module event" not in line:
+    if "ink" not in line and "NETDEV WATCHDOG" not in line and "Port module event" not in line and "Lost carrier" not in line:
         return None  # most lines: skip the patterns that scan every position
     device = reason = ""
     severity = "error"
@@ -264,6 +367,11 @@ def _nic(line: str, source: str, ts: float) -> Event | None:
 
         severity = "warning" if module.group(1) == "warning" else "error"
         device, reason = f"module {module.group(2)}", status
+    elif "Lost carrier" in line:
+        carrier = _CARRIER.search(line)
+        if carrier is None:
+            return None
+        device, reason = carrier.group(1), "lost carrier"
     elif (down := _NIC_DOWN.search(line)) is not None:
         if "pciehp" in line or "SATA link" in line or "NCCL" in line:
             return None  # a PCIe hot-plug slot, a SATA port, or NCCL's own report (the trainer detectors' line)
@@ -281,6 +389,41 @@ def _nic(line: str, source: str, ts: float) -> Event | None:
         reason=reason,
         action="check the cable, transceiver and switch port; drain the node if the link does not come back",
     )
+
+
+# The ConnectX (mlx5) driver's reports that the adapter itself is failing, not one link: its
+# firmware stopped completing commands or answering the health poll, or its slot cannot give
+# it the power it needs. RDMA through it (NCCL over InfiniBand or RoCE) fails or degrades until
+# the adapter is reset or replaced. "PCIe slot power capability was not advertised" is a notice
+# many servers print at boot, and "No done completion" the line before a command's timeout.
+_MLX5_FAULTS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"timeout\. Will cause a leak of a command resource"), "error", "the adapter's firmware did not complete a command"),
+    (re.compile(r"health compromised - reached miss count"), "critical", "the adapter's firmware stopped answering its health poll"),
+    (re.compile(r"Detected insufficient power on the PCIe slot \((\d+W)\)"), "warning", "the adapter's PCIe slot gives it too little power"),
+)
+
+
+def _mlx5(line: str, source: str, ts: float) -> Event | None:
+    if "mlx5" not in line:
+        return None
+    for pattern, severity, what in _MLX5_FAULTS:
+        if pattern.search(line) is None:
+            continue
+        return make_event(
+            "nic_error",
+            severity,
+            f"network adapter fault ({what}); RDMA through it fails or slows: {line.strip()}",
+            source,
+            ts,
+            pci_bus_id=_pci(line),
+            reason=what,
+            action=(
+                "check the slot's power budget and the riser; the adapter may throttle or drop off"
+                if severity == "warning"
+                else "drain the node, then reset the adapter (mlxfwreset) or reboot; replace it if the fault returns"
+            ),
+        )
+    return None
 
 
 _AER_FATAL = re.compile(r"Uncorrect(?:ed|able) \(Fatal\)")
@@ -351,6 +494,52 @@ def _edac(line: str, source: str, ts: float) -> Event | None:
     )
 
 
+# Machine checks: the CPU, its caches, memory or PCIe reporting a hardware error. One report is
+# many "[Hardware Error]" lines; its event is the line that says how bad it was, the others
+# (section type, addresses, status words, "It has been corrected...") are its detail:
+# - APEI/GHES (firmware first): "event severity: fatal|recoverable|corrected|informational".
+#   After a reboot, BERT replays the previous boot's fatal error the same way.
+# - The kernel's own MCE handler: "Machine Check Exception" is an uncorrected error being
+#   raised (a panic follows); "Machine check events logged" says mcelog or rasdaemon holds the
+#   details (it does not say how bad, hence a warning). The per-bank "CPU n: Machine Check:
+#   ... Bank n: <status>" lines and AMD's decoded "[Hardware Error]: Corrected error, no action
+#   required." lines are the detail of that summary.
+_APEI = re.compile(r"\[Hardware Error\]: +event severity: (fatal|recoverable|corrected|informational)")
+_MCE_EXCEPTION = re.compile(r"CPU (\d+): Machine Check Exception: \d+ Bank (\d+): ([0-9a-fA-F]+)")
+_APEI_SEVERITY = {"fatal": "critical", "recoverable": "error", "corrected": "info", "informational": "info"}
+_MCE_ACTION = {
+    "critical": "an uncorrected hardware error: drain the node and have the CPU, DIMMs or device inspected (rasdaemon, mcelog, the BMC's event log)",
+    "error": "an uncorrected error the platform contained: drain the node at the next checkpoint and find the part in rasdaemon or the BMC's event log",
+    "warning": "read mcelog or rasdaemon (ras-mc-ctl --errors) for which part; machine checks that repeat need the hardware inspected",
+    "info": "corrected by the hardware; only a rate of them needs the DIMM or CPU replaced",
+}
+
+
+def _machine_check(line: str, source: str, ts: float) -> Event | None:
+    if "Hardware Error" not in line and "Machine check events" not in line:
+        return None
+    details: dict[str, str] = {}
+    if (apei := _APEI.search(line)) is not None:
+        severity = _APEI_SEVERITY[apei.group(1)]
+        details["error_severity"] = apei.group(1)
+    elif (exc := _MCE_EXCEPTION.search(line)) is not None:
+        severity = "critical"
+        details.update(cpu=exc.group(1), bank=exc.group(2), status=exc.group(3), error_severity="uncorrected")
+    elif "Machine check events logged" in line:
+        severity = "warning"
+    else:
+        return None
+    return make_event(
+        "machine_check",
+        severity,
+        f"the host reported a hardware error (machine check): {line.strip()}",
+        source,
+        ts,
+        action=_MCE_ACTION[severity],
+        **details,
+    )
+
+
 _HUNG = re.compile(r"(?:INFO: )?task (\S+?):(\d+) blocked for more than (\d+) seconds")
 
 
@@ -398,16 +587,24 @@ def _lockup(line: str, source: str, ts: float) -> Event | None:
     )
 
 
-_OOM = re.compile(r"(Memory cgroup )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \((.+?)\)")
+# "Out of memory: Killed process 123 (python)", and RHEL's "Out of memory: Killed process 123, UID 48, (httpd)".
+_OOM = re.compile(r"(Memory cgroup )?[Oo]ut of memory: Kill(?:ed)? process (\d+)(?:, UID \d+,)? \((.+?)\)")
+# The reaper freeing a killed task's memory: the same kill when the kill's own line came first.
+_OOM_REAPER = re.compile(r"oom_reaper: reaped process (\d+) \((.+?)\)")
+_OOM_KILLED: dict[str, str] = {}  # per log, the pid of the last kill reported
 _OOM_KILL = re.compile(r"oom-kill:constraint=(\w+),.*?task=([^,]*),pid=(\d+)")
 _OOM_LEGACY = re.compile(r"^(?:.*\] )?Killed process (\d+) \((.+?)\) total-vm:")
 
 
 def _oom_killer(line: str, source: str, ts: float) -> Event | None:
-    if "emory" not in line and "oom-kill:" not in line and "Killed process" not in line:
+    if "emory" not in line and "oom-kill:" not in line and "Killed process" not in line and "oom_reaper" not in line:
         return None
     constraint = ""
-    if (oom := _OOM.search(line)) is not None:
+    if (reaped := _OOM_REAPER.search(line)) is not None:
+        pid, process = reaped.groups()
+        if _OOM_KILLED.get(source) == pid:
+            return None  # the kill was reported by the line before: one kill, one event
+    elif (oom := _OOM.search(line)) is not None:
         memcg, pid, process = oom.groups()
         constraint = "CONSTRAINT_MEMCG" if memcg else ""
     elif (kill := _OOM_KILL.search(line)) is not None:
@@ -416,6 +613,7 @@ def _oom_killer(line: str, source: str, ts: float) -> Event | None:
         pid, process = legacy.groups()
     else:
         return None
+    remember(_OOM_KILLED, source, pid)
     # A container over its own limit is that job's problem; the whole node out of memory is everyone's.
     limited = constraint == "CONSTRAINT_MEMCG"
     return make_event(
@@ -494,15 +692,18 @@ def _disk(line: str, source: str, ts: float) -> Event | None:
     return None
 
 
-# Order matters: an Xid line that says "fallen off the bus" is the XID; a panic that
-# mentions out of memory is the panic; GSP and init lines are checked before the
-# generic fell-off-the-bus line.
+# Order matters: an Xid line that says "fallen off the bus" (or names an NVLink) is the XID;
+# a panic that mentions out of memory or a machine check is the panic; GSP and init lines
+# are checked before the generic fell-off-the-bus line; a ConnectX adapter's own fault is
+# checked before the link detector reads its line.
 DETECTORS: tuple[Detector, ...] = (
     _xid,
     _sxid,
     _gsp,
     _init_failure,
     _off_bus,
+    _nvml_lost,
+    _nvlink,
     _fabric_manager,
     _peermem,
     _panic,
@@ -510,7 +711,9 @@ DETECTORS: tuple[Detector, ...] = (
     _lockup,
     _oom_killer,
     _edac,
+    _machine_check,
     _aer,
+    _mlx5,
     _nic,
     _disk,
 )

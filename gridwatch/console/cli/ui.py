@@ -277,7 +277,7 @@ async def _headless(runtime: ConsoleRuntime, duration: float | None, control: st
                 alert = runtime.alert
                 print(f"ALERT: {alert}" if alert else "alert cleared", file=sys.stderr, flush=True)
             for node in store.nodes.values():
-                state = str(store.status(node))
+                state = str(store.health(node))  # a live node with a lost GPU is "degraded", not "ok"
                 if links.get(node.key) != state:
                     links[node.key] = state
                     # What a peer said (a disconnect reason, an error) reaches the terminal cleaned.

@@ -9,7 +9,17 @@ from enum import StrEnum
 
 from gridwatch.console.fleet.history import NodeHistory, RingColumns
 from gridwatch.console.fleet.metrics import GpuAggregate, Metric, aggregate, worst_gpu, worst_of
-from gridwatch.wire.protocol import Event, GpuBrief, GpuSample, Hello, LogLine, Sample, Summary, TrainerStatus
+from gridwatch.wire.protocol import (
+    Event,
+    GpuBrief,
+    GpuSample,
+    Hello,
+    LogLine,
+    Sample,
+    SchedulerJob,
+    Summary,
+    TrainerStatus,
+)
 
 NODE_EVENTS = 200
 NODE_LOG_LINES = 1000
@@ -24,6 +34,8 @@ class NodeStatus(StrEnum):
     DOWN = "down"
     REFUSED = "refused"
     STALE = "stale"
+    # Live, but a GPU is lost or failing (fallen off the bus, ECC, not answering NVML): the node is not "ok".
+    DEGRADED = "degraded"
     CONNECTING = "connecting"
     OK = "ok"
 
@@ -142,6 +154,12 @@ class NodeState:
     def reading(self) -> Sample | Summary | None:
         """The newest sample or summary as it arrived, for readers that need only what both carry."""
         return self._sample if self._sample is not None else self.summary
+
+    @property
+    def jobs(self) -> Sequence[SchedulerJob]:
+        """The scheduler's jobs on the node, as its newest reading says (none before one arrives)."""
+        reading = self.reading
+        return reading.jobs if reading is not None else ()
 
     @property
     def gpus(self) -> Sequence[GpuSample | GpuBrief]:

@@ -32,6 +32,7 @@ class NodeRow:
     error: str | None
     patrol_failing: bool = False
     preflight_failed: bool = False
+    job: str = ""  # the scheduler's jobs on the node (Slurm job ids, pods), else the trainer's job name
 
     @property
     def flags(self) -> str:
@@ -185,6 +186,20 @@ class LazyRows(Sequence[_T], Generic[_T]):
         if self._names is None:
             self._names = [n.name for n in self.nodes]
         return self._names
+
+
+@dataclass(slots=True)
+class JobRow:
+    """One scheduler job across the fleet, as ``squeue`` shows it, from the agents of the nodes it runs on."""
+
+    scheduler: str
+    id: str
+    user: str
+    name: str
+    nodes: str  # as the scheduler writes them; empty when no agent could read it
+    on: list[str]  # the nodes whose agents report it
+    worst: NodeStatus  # the worst state among those nodes
+    pids: int
 
 
 @dataclass(slots=True)

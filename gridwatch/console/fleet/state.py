@@ -33,6 +33,7 @@ from gridwatch.console.fleet.rows import (
     VALUE_ORDER_EVERY_S,
     FleetSummary,
     HeatmapNode,
+    JobRow,
     LazyRows,
     NodeRow,
     Order,
@@ -79,6 +80,14 @@ def _uncount(counter: Counter[_K], key: _K) -> None:
 
 
 # --------------------------------------------------------------------------- store
+
+
+def job_cell(node: NodeState) -> str:
+    """What the fleet table's JOB column shows: the scheduler's job ids on the node, else its trainer's job."""
+    if node.jobs:
+        return ",".join(str(j.id) for j in node.jobs)
+    trainer = node.trainer
+    return str(trainer.job) if trainer is not None and trainer.job else ""
 
 
 class StateStore:
@@ -307,6 +316,16 @@ class StateStore:
         now = self.clock.now() if now is None else now
         return NodeStatus.STALE if now - last > STALE_AFTER_INTERVALS * node.interval else NodeStatus.OK
 
+    def hearsay(self, node: NodeState) -> bool:
+        """The node is read from Prometheus and no agent speaks for it: nothing can be sent to it."""
+        return node.key in self._hearsay
+
+    def health(self, node: NodeState, now: float | None = None, agg: GpuAggregate | None = None) -> NodeStatus:
+        """What the views call the node: its link's status, or, live, its worst health (a lost GPU is not ok)."""
+        status = self.status(node, now)
+        agg = agg if agg is not None else node.agg
+        return NodeStatus.DEGRADED if status is NodeStatus.OK and agg is not None and agg.bad else status
+
     @staticmethod
     def _link_status(node: NodeState) -> NodeStatus:
         """The status the link and the frames seen say, before the clock is asked (OK: live, unless gone quiet)."""
@@ -404,9 +423,10 @@ class StateStore:
 
     def node_row(self, node: NodeState, now: float) -> NodeRow:
         agg = node.agg or GpuAggregate(gpus=len(node.hello.gpus) if node.hello else 0)
+        status = self.health(node, now, agg)
         return NodeRow(
             name=node.name,
-            status=self.status(node, now),
+            status=status,
             isolated=node.isolated,
             mismatch=self.stack_mismatch(node),
             gpus=agg.gpus,
@@ -422,7 +442,29 @@ class StateStore:
             error=node.link_error or node.last_error,
             patrol_failing=node.patrol.status is PatrolStatus.FAILING,
             preflight_failed=node.preflight is not None and not node.preflight.ok,
+            job=job_cell(node),
         )
+
+    def jobs(self) -> list[JobRow]:
+        """Every scheduler job an agent reports, with the nodes it runs on; worst first, then by job id."""
+        now = self.clock.now()
+        found: dict[tuple[str, str], JobRow] = {}
+        for node in self.nodes.values():
+            for job in node.jobs:
+                key = (str(job.scheduler), str(job.id))
+                row = found.get(key)
+                status = self.status(node, now)
+                if row is None:
+                    row = found[key] = JobRow(scheduler=key[0], id=key[1], user=str(job.user), name=str(job.name),
+                                              nodes=str(job.nodes), on=[], worst=status, pids=0)
+                row.on.append(node.name)
+                row.pids += job.pids
+                row.nodes = row.nodes or str(job.nodes)
+                if STATUS_ORDER[status] < STATUS_ORDER[row.worst]:
+                    row.worst = status
+        for row in found.values():
+            row.on.sort()
+        return sorted(found.values(), key=lambda r: (STATUS_ORDER[r.worst], r.scheduler, len(r.id), r.id))
 
     def node_rows(self, sort: str = "name", reverse: bool = False, filter_text: str = "") -> LazyRows[NodeRow]:
         """The node table: filtered by a case-insensitive substring of name, status or flags.
@@ -542,16 +584,19 @@ class StateStore:
         for every node changed since the last read (12,500 a tick when all send a summary a second):
         written as one loop with the checks cheapest first.
         """
-        apart, ok, failing = self._apart, NodeStatus.OK, PatrolStatus.FAILING
+        apart, ok, failing, degraded = self._apart, NodeStatus.OK, PatrolStatus.FAILING, NodeStatus.DEGRADED
         link_status = self._link_status
         for key, node in nodes.items():
             preflight = node.preflight
             marked = (node.isolated or node.patrol.status is failing or (preflight is not None and not preflight.ok)
                       or bool(majority and node.hello is not None and node.stack_hash and node.stack_hash != majority))
-            if not marked:
-                reading = node.reading
-                marked = reading is not None and gpus_failing(reading.gpus, node.xids)
             status = link_status(node)
+            if not marked or status is ok:
+                reading = node.reading
+                if reading is not None and gpus_failing(reading.gpus, node.xids):
+                    marked = True
+                    if status is ok:
+                        status = degraded  # live with a failing GPU: what :meth:`health` calls it
             if status is ok and not marked:
                 apart.pop(key, None)
             else:

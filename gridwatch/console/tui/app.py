@@ -20,6 +20,7 @@ from gridwatch.console.tui.screens import (
     CommandLine,
     FleetScreen,
     IncidentsScreen,
+    JobsScreen,
     KeysScreen,
     LogsScreen,
     NodeScreen,
@@ -35,6 +36,7 @@ VIEWS: dict[str, type[ViewScreen]] = {
     Verb.LOGS: LogsScreen,
     Verb.INCIDENTS: IncidentsScreen,
     Verb.TRAINING: TrainingScreen,
+    Verb.JOBS: JobsScreen,
 }
 # Keys that end the command line: what follows them in a burst belongs to the view beneath.
 _LINE_ENDING_KEYS = frozenset({"enter", "escape"})

@@ -21,6 +21,7 @@ class Verb(StrEnum):
     LOGS = "logs"
     INCIDENTS = "incidents"
     TRAINING = "training"
+    JOBS = "jobs"
     PREFLIGHT = "preflight"
     TAKEOVER = "takeover"
     QUIT = "quit"
@@ -65,6 +66,8 @@ COMMANDS: tuple[Command, ...] = (
             "open and recent incidents, acknowledge, silence, act", palette="Incidents"),
     Command(Verb.TRAINING, ("training", "train", "tr"), "the training run: loss, step time per rank, checkpoints",
             palette="Training"),
+    Command(Verb.JOBS, ("jobs", "job", "squeue"), "the scheduler's jobs (Slurm, Kubernetes) and the nodes they run on",
+            palette="Jobs"),
     Command(Verb.PREFLIGHT, ("preflight", "pre-flight", "pf"),
             "check the connected nodes (or SPEC) now; results in the node view", Arg.OPTIONAL, "SPEC",
             palette="Pre-flight"),

@@ -28,6 +28,7 @@ NODE_COLUMNS = [
     Column("flags", "FLAGS", 18, min_width=8),
     Column("age", "SEEN", 6, "right"),
     Column("error", "ERROR", 24, min_width=8, grow=True),
+    Column("job", "JOB", 10, clip="start"),
     Column("gpus", "GPUS", 5, "right"),
     Column("util", "UTIL %", 6, "right"),
     Column("temp", "TEMP °C", 7, "right"),
@@ -42,6 +43,7 @@ KEPT_COLUMNS = 5  # NODE to ERROR
 STATUS_STYLES: dict[NodeStatus, Style] = {
     NodeStatus.OK: Style(color="green"),
     NodeStatus.STALE: Style(color="yellow", bold=True),
+    NodeStatus.DEGRADED: Style(color="red", bold=True),
     NodeStatus.DOWN: Style(color="red", bold=True),
     NodeStatus.REFUSED: Style(color="magenta", bold=True),
     NodeStatus.CONNECTING: Style(color="grey50"),
@@ -66,6 +68,7 @@ def node_cells(row: NodeRow) -> list[Cell]:
         (row.flags, _BAD if row.flags else None),
         (format_age(row.age_s), _WARN if row.status is not NodeStatus.OK else None),
         (row.error or "", _BAD if row.error else None),
+        (row.job, None),
         (gpus, _BAD if row.gpu_bad else None),
         (_num(row.util, ".0f"), None),
         (_num(row.temp_max, ".0f"), _HOT if hot else None),

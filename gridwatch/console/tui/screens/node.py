@@ -278,6 +278,13 @@ class NodeScreen(ViewScreen):
         Binding("tab", "app.focus_next", "Next pane", show=False),
     ]
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # A node read from Prometheus has no agent to take an action: offer only what can work.
+        node = self.store.by_name(self.node_name) if action in self.CHANGING_ACTIONS else None
+        if node is not None and self.store.hearsay(node):
+            return False
+        return super().check_action(action, parameters)
+
     def __init__(self, node_name: str) -> None:
         super().__init__()
         self.node_name = node_name
@@ -309,12 +316,15 @@ class NodeScreen(ViewScreen):
         if node is None:
             self.set_title(("gridwatch", "bold"), "  node ", (self.node_name, "bold"), ("  unknown node", "red"))
             return
-        status = self.store.status(node)
+        status = self.store.health(node)
+        shade = "green" if status == "ok" else "bold red" if status == "degraded" else "bold yellow"
         parts: list[str | tuple[str, str]] = [("gridwatch", "bold"), "  node ", (node.name, "bold"), "  ",
-                                              (str(status), "green" if status == "ok" else "bold yellow"),
+                                              (str(status), shade),
                                               f"  seen {format_age(self.store.age(node))} ago"]
         if node.isolated:
             parts.append(("  ISOLATED", "bold cyan"))
+        if self.store.hearsay(node):
+            parts.append(("  read from Prometheus, no agent: it can be watched, not acted on", "bold yellow"))
         if self.store.stack_mismatch(node):
             parts.append(("  STACK DIFFERS", "bold magenta"))
         if node.patrol.status is PatrolStatus.FAILING:

@@ -1,0 +1,84 @@
+"""The scheduler's jobs in the console: a JOB column in the fleet table and a ``:jobs`` view, as squeue shows them."""
+
+from __future__ import annotations
+
+import msgspec
+
+from gridwatch.console.tui.screens import FleetScreen, JobsScreen, NodeScreen
+from gridwatch.console.tui.widgets import TextTable
+from gridwatch.wire.protocol import SchedulerJob
+from tests.support_app import EVIL, SIZE, make_app, screen_text, shown, terminal_bytes, wait_for
+from tests.support_frames import make_sample
+
+
+def _with_job(app, node: str, job: SchedulerJob) -> None:  # noqa: ANN001
+    sample = make_sample(node, 10)
+    app.runtime.store.apply(msgspec.structs.replace(sample, jobs=[job]))
+
+
+async def test_the_jobs_view_lists_each_job_once_with_the_nodes_it_runs_on_and_opens_one() -> None:
+    app = make_app()
+    pretrain = SchedulerJob(scheduler="slurm", id="4242", user="alice", name="pretrain-7b", nodes="node[01-03]",
+                            pids=3)
+    for node in ("node01", "node02", "node03"):
+        _with_job(app, node, pretrain)
+    _with_job(app, "node05", SchedulerJob(scheduler="slurm", id="77", user="bob", name=EVIL, pids=1))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).row_cells()}
+        job_col = [c.key for c in app.screen.query_one("#node-table", TextTable).columns].index("job")
+        assert rows["node02"][job_col][0] == "4242" and rows["node04"][job_col][0] == ""
+        app.show_view("jobs")
+        await wait_for(pilot, lambda: shown(app, JobsScreen))
+        table = app.screen.query_one("#job-table", TextTable)
+        cells = [[c[0] for c in row] for row in table.row_cells()]
+        assert ["77", "slurm", "bob", EVIL] == cells[0][:4] or ["77", "slurm", "bob", EVIL] == cells[1][:4]
+        (alice,) = [row for row in cells if row[0] == "4242"]
+        assert alice[2:4] == ["alice", "pretrain-7b"] and alice[5] == "node[01-03]" and alice[6] == "node[01-03]"
+        assert alice[7] == "9"  # processes, summed over its three nodes
+        assert "click[/link]" in screen_text(app) and "\x1b]52" not in terminal_bytes(app)  # node text, literally
+        table.cursor = [row[0] for row in cells].index("4242")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert "node01" in screen_text(app)
+
+
+async def test_the_jobs_view_says_so_when_no_agent_reports_a_job() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("jobs")
+        await wait_for(pilot, lambda: shown(app, JobsScreen))
+        assert "no scheduler job seen" in screen_text(app)
+
+
+async def test_a_node_with_a_gpu_fallen_off_the_bus_is_degraded_not_ok() -> None:
+    app = make_app()
+    app.runtime.store.apply(make_sample("node02", 10, state="lost"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        rows = {r[0][0]: r for r in app.screen.query_one("#node-table", TextTable).row_cells()}
+        assert rows["node02"][1][0] == "degraded" and rows["node01"][1][0] == "ok"
+        assert str(app.runtime.store.status(app.runtime.store.by_name("node02"))) == "ok"  # its link is alive
+        app.open_node("node02")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert "node02  degraded" in screen_text(app)
+
+
+async def test_a_node_read_from_prometheus_offers_nothing_that_needs_an_agent() -> None:
+    from gridwatch.wire.protocol import HEARSAY_VERSION
+    from tests.support_frames import make_hello
+
+    app = make_app()
+    store = app.runtime.store
+    store.apply(msgspec.structs.replace(make_hello("node03"), agent_version=HEARSAY_VERSION))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.open_node("node03")
+        await wait_for(pilot, lambda: shown(app, NodeScreen))
+        assert "read from Prometheus, no agent" in screen_text(app)
+        assert app.screen.check_action("isolate", ()) is False and app.screen.check_action("checkpoint", ()) is False
+        assert "Isolate" not in screen_text(app)  # the footer does not offer it
+        app.open_node("node01")
+        await wait_for(pilot, lambda: shown(app, NodeScreen) and app.screen.node_name == "node01")
+        assert app.screen.check_action("isolate", ()) is True
