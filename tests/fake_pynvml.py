@@ -165,8 +165,11 @@ class FakeGpu:
     nvlinks: int = 18
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
     procs: int = 1
+    # (pid, used bytes or None) per compute process; empty: ``procs`` processes with pids 1000, 1001 ...
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     blank: set[str] = field(default_factory=set)  # functions returning NVML_VALUE_NOT_AVAILABLE
+    denied: set[str] = field(default_factory=set)  # functions answering NVML_ERROR_NO_PERMISSION
     lost: bool = False
     supported_events: int = 0x1 | 0x2 | 0x8
     calls: dict[str, int] = field(default_factory=dict)
@@ -268,6 +271,8 @@ def build(state: FakeNvml) -> types.ModuleType:
             raise err("NVMLError_GpuIsLost")
         if fn_name in handle.unsupported:
             raise err("NVMLError_NotSupported")
+        if fn_name in handle.denied:
+            raise err("NVMLError_NoPermission")
         if fn_name in handle.blank:
             return BLANK_UINT
         return value() if callable(value) else value
@@ -443,10 +448,16 @@ def build(state: FakeNvml) -> types.ModuleType:
     def nvmlDeviceGetNvLinkErrorCounter(device: FakeGpu, link: int, counter: int) -> int:
         return gpu_call("nvmlDeviceGetNvLinkErrorCounter", device, device.nvlink_errors.get((link, counter), 0))
 
+    def running(handle: FakeGpu) -> list[_Struct]:
+        listed = handle.processes or [(1000 + i, 512 * 1024 * 1024) for i in range(handle.procs)]
+        return [_Struct(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                for pid, used in listed]
+
     def nvmlDeviceGetComputeRunningProcesses(handle: FakeGpu) -> list[_Struct]:
-        return gpu_call(
-            "nvmlDeviceGetComputeRunningProcesses", handle, [_Struct(pid=1000 + i) for i in range(handle.procs)]
-        )
+        return gpu_call("nvmlDeviceGetComputeRunningProcesses", handle, lambda: running(handle))
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(handle: FakeGpu) -> list[_Struct]:
+        return gpu_call("nvmlDeviceGetComputeRunningProcesses_v3", handle, lambda: running(handle))
 
     def nvmlDeviceGetSupportedEventTypes(handle: FakeGpu) -> int:
         return gpu_call("nvmlDeviceGetSupportedEventTypes", handle, handle.supported_events)
@@ -495,7 +506,8 @@ FUNCTIONS = [
     "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter",
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetSupportedEventTypes", "nvmlEventSetCreate",
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetSupportedEventTypes", "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlSystemGetDriverVersion",
     "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
     "nvmlDeviceGetVirtualizationMode", "nvmlDeviceGetFieldValues", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",

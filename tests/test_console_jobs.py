@@ -82,3 +82,28 @@ async def test_a_node_read_from_prometheus_offers_nothing_that_needs_an_agent() 
         app.open_node("node01")
         await wait_for(pilot, lambda: shown(app, NodeScreen) and app.screen.node_name == "node01")
         assert app.screen.check_action("isolate", ()) is True
+
+
+async def test_the_heatmap_draws_a_cell_per_gpu_though_the_nodes_were_listed_before_their_hellos() -> None:
+    from gridwatch.console.fleet.state import StateStore
+    from gridwatch.console.runtime.core import ConsoleRuntime
+    from gridwatch.console.tui.app import GridwatchApp
+    from gridwatch.console.tui.widgets import GpuHeatmap
+    from gridwatch.playbooks.clock import ManualClock
+    from tests.support_frames import T0, make_hello
+
+    store = StateStore(ManualClock(T0))
+    for name in ("node-1", "node-2"):
+        store.set_link(name, "connecting")  # listed from the cluster file: no hello yet, so no GPUs known
+    app = GridwatchApp(ConsoleRuntime(store), tick_seconds=3600, start_runtime=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        for name in ("node-1", "node-2"):
+            store.apply(make_hello(name, gpus=8))
+            store.apply(make_sample(name, 1))
+        app.tick()
+        await pilot.pause()
+        heatmap = app.screen.query_one(GpuHeatmap)
+        assert heatmap._cells_per_node == 8
+        line = next(ln for ln in screen_text(app).splitlines() if ln.startswith("node-2"))
+        assert line.count("█") == 8

@@ -117,7 +117,7 @@ def test_profiling_fields_are_absent_where_gpm_is_not_supported(monkeypatch: pyt
 
 def test_per_link_nvlink_rates_stay_on_metrics_and_out_of_the_frames() -> None:
     # 18 links x 2 per GPU would be 40 % of a sample that no view reads; /metrics keeps them.
-    from gridwatch.agent.agent import _for_the_wire
+    from gridwatch.agent.tick import _for_the_wire
     from gridwatch.wire import protocol as p
 
     gpu = p.GpuSample(index=0, util=50.0, nvlink_link_tx_bps=[1.0] * 18, nvlink_link_rx_bps=[2.0] * 18)

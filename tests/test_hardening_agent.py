@@ -272,7 +272,7 @@ async def test_a_flood_of_actions_is_refused_per_key_and_the_ring_keeps_its_hist
 
 
 async def test_pending_actions_per_session_are_bounded(keys) -> None:
-    from gridwatch.agent.agent import MAX_PENDING
+    from gridwatch.agent.clients import MAX_PENDING
 
     ra = await start_agent(keys, action_burst=1000)
     release = asyncio.Event()

@@ -14,7 +14,8 @@ import asyncssh
 import msgspec
 import pytest
 
-from gridwatch.agent.agent import MAX_REPLY_BYTES, Agent
+from gridwatch.agent.agent import Agent
+from gridwatch.agent.clients import MAX_REPLY_BYTES
 from gridwatch.agent.config import AgentConfig
 from gridwatch.agent.logs import LogTailer
 from gridwatch.agent.trainer_link import TrainerLink

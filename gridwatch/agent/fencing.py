@@ -78,7 +78,7 @@ class FenceBook:
     def _save(self) -> None:
         if self.path is None:
             return
-        from gridwatch.agent.agent import _write_durably
+        from gridwatch.agent.durable import _write_durably
 
         data = {"newest": self.newest, "steps": [[k, o.action, o.message] for k, o in self.steps.items()]}
         _write_durably(self.path, json.dumps(data).encode())

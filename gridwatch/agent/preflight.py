@@ -208,7 +208,8 @@ def check_gpus(agent: Agent, args: PreflightArgs, now: float) -> CheckOutcome:
             continue
         seen.add(key)
         what = f"XID {ev.code}" if ev.kind == "xid" and ev.code is not None else str(ev.kind)
-        problems.append(f"{what} on GPU {ev.gpu} at {time.strftime('%H:%M:%S', time.localtime(ev.ts))} not cleared")
+        on = f"GPU {ev.gpu}" if ev.gpu is not None else "the node"
+        problems.append(f"{what} on {on} at {time.strftime('%H:%M:%S', time.localtime(ev.ts))} not cleared")
     healthy = f"{found} GPUs healthy" + (" (simulated: idle checks skipped)" if simulated and args.idle else "")
     return CheckOutcome(not problems, _summary(problems, healthy), {"count": found, "expected": expected, "problems": problems})
 

@@ -182,7 +182,8 @@ class Matching(EngineCore):
         self._latched.add(latch)
         value = str(event.details.get("value", "N/A"))
         held = str(event.details.get("held_s", "?"))
-        summary = f"{cond.metric} = {value} on {node.name} gpu {event.gpu} ({cond}, held {held}s, seen by the agent)"
+        where = f"{node.name} gpu {event.gpu}" if event.gpu is not None else node.name
+        summary = f"{cond.metric} = {value} on {where} ({cond}, held {held}s, seen by the agent)"
         return self._symptom(pb, _Symptom(node.name, event.gpu, summary, ident=self._frame_ident), now)
 
     def _metric_books(self, agent_watched: bool) -> tuple[Playbook, ...]:

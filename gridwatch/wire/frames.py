@@ -178,7 +178,7 @@ class Summary(Frame, tag="summary"):
     cpu_percent: int | None = None
     mem_used_mb: int | None = None
     mem_total_mb: int | None = None
-    rx_bps: float | None = None  # summed over the node's NICs
+    rx_bps: float | None = None  # summed over the node's NICs and InfiniBand / RoCE HCA ports
     tx_bps: float | None = None
     nic_errors: int | None = None  # rx + tx errors summed over the node's NICs
     trainer: TrainerStatus | None = None  # job, phase, step, loss, step time and checkpoints only
@@ -214,11 +214,14 @@ def summarize(sample: Sample) -> Summary:
                                 step_time_s=trainer.step_time_s, checkpoints=trainer.checkpoints,
                                 world_size=trainer.world_size, paused=trainer.paused, read_from=trainer.read_from)
     nics = host.nics
+    # RX/TX count the HCA ports too: RDMA traffic passes no NIC's counters (console/fleet/metrics.host_traffic).
+    ports = [p for p in host.ib if p.rx_bps is not None or p.tx_bps is not None]
+    moving = bool(nics or ports)
     return Summary(
         gpus=[gpu_brief(g) for g in sample.gpus], cpu_percent=_rounded(host.cpu_percent),
         mem_used_mb=_rounded(host.mem_used_mb), mem_total_mb=_rounded(host.mem_total_mb),
-        rx_bps=float(round(sum(n.rx_bps for n in nics))) if nics else None,
-        tx_bps=float(round(sum(n.tx_bps for n in nics))) if nics else None,
+        rx_bps=float(round(sum(n.rx_bps for n in nics) + sum(p.rx_bps or 0.0 for p in ports))) if moving else None,
+        tx_bps=float(round(sum(n.tx_bps for n in nics) + sum(p.tx_bps or 0.0 for p in ports))) if moving else None,
         nic_errors=sum(n.rx_errors + n.tx_errors for n in nics) if nics else None,
         trainer=trainer, isolated=sample.isolated, patrol_failing=sample.patrol_failing,
         members=list(sample.trainer.membership) if sample.trainer is not None else None, jobs=sample.jobs,

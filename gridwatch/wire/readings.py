@@ -22,6 +22,19 @@ class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
     driver: Text | None = None  # nvmlSystemGetDriverVersion (dcgm's DCGM_FI_DRIVER_VERSION label)
 
 
+class GpuProcess(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
+    """One compute process on a GPU (``nvidia-smi --query-compute-apps``): what nvitop lists per GPU.
+
+    In full samples only (the node view's), never in summaries. Node text, cleaned and clipped.
+    """
+
+    pid: int
+    user: Text = Text("")  # the owner's name (its uid where no name is known); empty: not readable
+    used_mb: float | None = None  # GPU memory it holds, MiB; None: not readable (MIG without rights, WDDM)
+    command: Text = Text("")  # its command line, clipped to ~120 characters; empty: not readable
+    job: Text = Text("")  # the Slurm job id from its cgroup; empty: none known
+
+
 class GpuSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """One reading of one GPU. ``None`` means N/A: not supported or not readable."""
 
@@ -69,6 +82,8 @@ class GpuSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     # (18 links x 2 are 40 % of an 8-GPU sample, and no view shows them).
     nvlink_link_tx_bps: list[float | None] = []
     nvlink_link_rx_bps: list[float | None] = []
+    # The compute processes on it (at most 32), as nvitop shows them; empty where none or not readable.
+    processes: list[GpuProcess] = []
 
 
 class NicSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -10,10 +11,12 @@ from typing import Any
 
 from loguru import logger
 
+from gridwatch.agent.jobs import _job_key, _user
 from gridwatch.agent.sources import FaultNotSupported, GpuSource
 from gridwatch.agent.sources.gpm import GpmReader
 from gridwatch.agent.sources.pci import pci_key
-from gridwatch.wire.protocol import Event, GpuInfo, GpuSample, Text
+from gridwatch.wire.protocol import Event, GpuInfo, GpuSample, Text, clean_text
+from gridwatch.wire.readings import GpuProcess
 from gridwatch.wire.throttle import decode_throttle
 from gridwatch.wire.xid import xid_meaning, xid_resolution, xid_severity
 
@@ -24,6 +27,14 @@ _MAX_EVENTS_PER_POLL = 256
 # them every tenth tick. They only ever count up, so a late reading loses nothing.
 NVLINK_EVERY = 10
 _MIB = 1024 * 1024
+# The processes on a GPU (nvitop's list). The driver call behind them is the one `procs` has always
+# made every tick (the reset guard needs a current count), so listing them adds no driver call; what
+# it adds is reading /proc/PID (status, cmdline, cgroup), and that is done once per process: its
+# user, command and job are cached by PID for as long as NVML keeps listing it, and only its GPU
+# memory is new each tick. A GPU listing more than this many is shown with its first ones.
+MAX_PROCESSES = 32
+_COMMAND_CHARS = 120
+_CMDLINE_BYTES = 4096
 
 
 class _Lost(Exception):
@@ -54,6 +65,7 @@ class _Device:
         self.nvlink_errors: int | None = None
         self.info = GpuInfo(index=index, uuid=Text(""), name=Text(""))
         self.gpm: GpmReader | None = None  # None: no GPM (before Hopper), profiling fields N/A
+        self.owners: dict[int, tuple[Text, Text, Text] | None] = {}  # pid -> (user, command, job); None: gone
 
 
 class NvmlSource(GpuSource):
@@ -68,8 +80,11 @@ class NvmlSource(GpuSource):
     blocking = True  # an NVML call can hang on a degrading GPU
     simulated = False
 
-    def __init__(self, nvml: ModuleType, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, nvml: ModuleType, clock: Callable[[], float] = time.time, proc_root: str = "/proc"
+    ) -> None:
         self._nv = nvml
+        self._proc_root = proc_root
         self._clock = clock
         self._events: list[Event] = []
         self._driver = _driver_version(nvml)
@@ -226,10 +241,37 @@ class NvmlSource(GpuSource):
         s.nvlink_errors = dev.nvlink_errors
         dev.ticks += 1
         self._read_more(dev, s)
-        # nvidia-smi --query-compute-apps
-        if (procs := call(dev, "nvmlDeviceGetComputeRunningProcesses")) is not None:
+        # nvidia-smi --query-compute-apps=pid,used_memory (v3 where the bindings have it; NotSupported
+        # or NoPermission on one GPU: its processes are not readable, the rest of the sample stands)
+        name = "nvmlDeviceGetComputeRunningProcesses"
+        v3 = name + "_v3"
+        procs = call(dev, v3) if hasattr(nv, v3) and v3 not in dev.unsupported else None
+        if procs is None and (not hasattr(nv, v3) or v3 in dev.unsupported):
+            procs = call(dev, name)
+        if procs is not None:
             s.procs = len(procs)
+            s.processes = self._processes(dev, procs)
         return s
+
+    def _processes(self, dev: _Device, procs: list[Any]) -> list[GpuProcess]:
+        """Each listed process with its owner, command and job from /proc; one gone meanwhile is left out."""
+        out: list[GpuProcess] = []
+        seen: dict[int, tuple[Text, Text, Text] | None] = {}
+        for p in procs:
+            pid = getattr(p, "pid", None)
+            if not isinstance(pid, int) or pid <= 0 or pid in seen:
+                continue
+            if len(out) >= MAX_PROCESSES:
+                break
+            owner = dev.owners[pid] if pid in dev.owners else _proc_owner(self._proc_root, pid)
+            seen[pid] = owner
+            if owner is None:
+                continue
+            used = getattr(p, "usedGpuMemory", None)
+            user, command, job = owner
+            out.append(GpuProcess(pid=pid, user=user, used_mb=_num(used, _MIB), command=command, job=job))
+        dev.owners = seen
+        return out
 
     def _read_more(self, dev: _Device, s: GpuSample) -> None:
         """The rest of dcgm-exporter's default fields, and the GPM profiling fields."""
@@ -343,7 +385,8 @@ class NvmlSource(GpuSource):
         return Event(
             kind=Text(kind),
             severity=Text(severity),
-            message=Text(f"GPU {index}: {message}"),
+            # An event from a handle no GPU of ours has: said of the node, never "GPU None".
+            message=Text(f"GPU {index}: {message}" if index is not None else f"{message} on the node"),
             gpu=index,
             code=code,
             source=Text("nvml"),
@@ -371,6 +414,44 @@ class NvmlSource(GpuSource):
             nv.nvmlShutdown()
         except nv.NVMLError as exc:
             logger.debug("NVML shutdown: {}", exc)
+
+
+def _proc_owner(root: str, pid: int) -> tuple[Text, Text, Text] | None:
+    """A process's user, command line and Slurm job from /proc/PID; ``None`` when it has ended.
+
+    Other users' text: cleaned and clipped. A field this agent may not read stays empty.
+    """
+    base = os.path.join(root, str(pid))
+    try:
+        with open(os.path.join(base, "status"), encoding="utf-8", errors="replace") as fh:
+            status = fh.read(8192)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        status = ""
+    user = ""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                user = _user(int(fields[1]))
+            break
+    try:
+        with open(os.path.join(base, "cmdline"), "rb") as fh:
+            raw = fh.read(_CMDLINE_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        raw = b""
+    command = " ".join(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+    try:
+        with open(os.path.join(base, "cgroup"), encoding="utf-8", errors="replace") as fh:
+            cgroup = fh.read(8192)
+    except OSError:
+        cgroup = ""
+    key = _job_key(cgroup, None)
+    job = key[1] if key is not None and key[0] == "slurm" else ""
+    return Text(clean_text(user, 64)), Text(clean_text(command, _COMMAND_CHARS)), Text(clean_text(job, 32))
 
 
 def _num(value: Any, scale: float = 1) -> float | None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gridwatch.wire.protocol import GpuBrief, GpuSample, Sample, Summary
+from gridwatch.wire.protocol import GpuBrief, GpuSample, HostSample, Sample, Summary
 
 
 class Metric(StrEnum):
@@ -121,18 +121,32 @@ class GpuAggregate:
 
 
 def aggregate(sample: Sample | Summary, xids: Counter[int]) -> GpuAggregate:
-    """Mean utilization, hottest GPU, total power and memory, NIC totals, failing GPUs (of a sample or a summary)."""
+    """Mean utilization, hottest GPU, total power and memory, network totals, failing GPUs (of a sample or a summary)."""
     agg = _aggregate_gpus(sample.gpus, xids)
     if isinstance(sample, Summary):
         agg.rx_bps, agg.tx_bps = sample.rx_bps, sample.tx_bps
     else:
-        nics = sample.host.nics
-        if nics:
-            agg.rx_bps = sum(n.rx_bps for n in nics)
-            agg.tx_bps = sum(n.tx_bps for n in nics)
+        agg.rx_bps, agg.tx_bps = host_traffic(sample.host)
     if sample.trainer is not None:
         agg.step_time_s = sample.trainer.step_time_s
     return agg
+
+
+def host_traffic(host: HostSample) -> tuple[float | None, float | None]:
+    """Bytes/s in and out of the node: its NICs plus its InfiniBand / RoCE HCA ports; ``None`` where neither reports.
+
+    RDMA traffic (NCCL's, the bulk of a training node's) passes no NIC's counters, only the HCA port's, so
+    a node counted by its NICs alone reads 0 B while its HCAs carry tens of GB/s. (IP over InfiniBand is
+    counted by both the ``ib0`` netdev and its port: small beside the RDMA traffic, and said here.)
+    As the agent's summary sums them (``wire.frames.summarize``).
+    """
+    nics = host.nics
+    ports = [p for p in host.ib if p.rx_bps is not None or p.tx_bps is not None]
+    if not nics and not ports:
+        return None, None
+    rx = sum(n.rx_bps for n in nics) + sum(p.rx_bps or 0.0 for p in ports)
+    tx = sum(n.tx_bps for n in nics) + sum(p.tx_bps or 0.0 for p in ports)
+    return rx, tx
 
 
 def _aggregate_gpus(gpus: Sequence[GpuSample | GpuBrief], xids: Counter[int]) -> GpuAggregate:

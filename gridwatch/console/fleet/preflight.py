@@ -48,7 +48,10 @@ class PreflightOptions:
     comm_iters: int = 10
     comm_timeout_s: float = 60.0
     mesh_max_nodes: int = 4  # full-mesh pairs up to this many nodes (the seeds' 2-4 node test)
-    slow_pair_fraction: float = 0.3  # a pair under this share of the fastest pair is slow (a degraded link is several times slower; jitter is not)
+    # A pair under this share of the run's reference (1/k, k about 3) is an outlier; 0: no relative judging.
+    slow_pair_fraction: float = 0.3
+    # The bus bandwidth a pair should reach (0: no expectation). A run whose median pair is under it is a
+    # warning for the whole run (the fabric or the host), not a node's failure.
     min_busbw_gbps: float = 0.0
     connect_timeout: float = 10.0
     action_timeout: float = 120.0
@@ -85,9 +88,14 @@ class CommReport:
     backend: str | None = None
     world_busbw_gbps: float | None = None
     pairs: dict[str, float] = field(default_factory=dict)  # "a~b" -> GB/s
-    slow_pairs: list[str] = field(default_factory=list)
+    slow_pairs: list[str] = field(default_factory=list)  # outliers against the other pairs of the run
     failed_pairs: list[str] = field(default_factory=list)
     skipped: str | None = None
+    median_gbps: float | None = None  # the run's median pair
+    reference_gbps: float | None = None  # what an outlier is judged against (see judge_comm)
+    expected_gbps: float | None = None  # the operator's expectation (--min-busbw), if any
+    suspect_pairs: list[str] = field(default_factory=list)  # slow pairs whose end to blame is a tie: named, nobody failed
+    warnings: list[str] = field(default_factory=list)  # about the whole run, not a node (also in the report's notes)
 
 
 @dataclass
@@ -272,7 +280,18 @@ def pair_key(a: str, b: str) -> str:
 
 
 def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.ActionResult], options: PreflightOptions) -> CommReport:
-    """Merge each rank's measurements; name slow and failed pairs and blame the nodes they share."""
+    """Merge each rank's measurements; fail the nodes of failed pairs and of outlier pairs, warn about a slow run.
+
+    The rule: a pair that failed (an error, or a rank with no answer) fails its nodes. A pair is slow only as
+    an outlier against the other pairs of the same run: its bandwidth under ``slow_pair_fraction`` (1/k, k about
+    3) of the run's reference, and under ``min_busbw_gbps`` where one is given; outliers need at least 3 pairs.
+    The reference is the median of each node's best pair: in a 3- or 4-node mesh one bad node owns half or more
+    of the pairs, which drags the plain median of pairs down with it, while every healthy node still has one
+    healthy pair. The node that appears in most outlier pairs is blamed; a tie names the pair and fails nobody.
+    With fewer than 3 pairs only failures count, and a pair under a tenth of ``min_busbw_gbps`` (a link fallen
+    back to a slower path, not a loaded host). A median pair under ``min_busbw_gbps`` says the whole fabric (or
+    the host) is slow: a warning with the figures, not a node's failure.
+    """
     comm = CommReport(nodes=list(ranks))
     per_node: dict[str, dict[str, Any]] = {}
     pair_bw: dict[str, float] = {}
@@ -290,23 +309,41 @@ def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.Action
             comm.world_busbw_gbps = float(data["world_busbw_gbps"])
         for pair, bw in (data.get("pairs") or {}).items():
             key = _pair_by_name(pair, ranks)
-            if key is not None and isinstance(bw, (int, float)):
+            if key is not None and isinstance(bw, (int, float)) and not isinstance(bw, bool):
                 # Both ends time the same collective; the slower view is the link's.
                 pair_bw[key] = min(pair_bw.get(key, float(bw)), float(bw))
         for pair in data.get("pair_errors") or {}:
             key = _pair_by_name(pair, ranks)
             if key is not None:
                 failed.add(key)
+    measured = {k: v for k, v in pair_bw.items() if k not in failed}
     comm.pairs = {k: round(v, 4) for k, v in sorted(pair_bw.items())}
     comm.failed_pairs = sorted(failed)
-    if len(pair_bw) >= 3:
-        # Against the fastest, not the median: one bad node spoils most pairs of a small mesh.
-        best = max(pair_bw.values())
-        comm.slow_pairs = sorted(k for k, v in pair_bw.items() if v < options.slow_pair_fraction * best)
-    if options.min_busbw_gbps:
-        comm.slow_pairs = sorted(set(comm.slow_pairs) | {k for k, v in pair_bw.items() if v < options.min_busbw_gbps})
-    bad = set(comm.slow_pairs) | failed
-    blamed = _blame(ranks, bad)
+    expected = options.min_busbw_gbps or None
+    comm.expected_gbps = expected
+    if measured:
+        comm.median_gbps = round(statistics.median(measured.values()), 4)
+    outliers = _outlier_pairs(ranks, measured, options, comm)
+    if len(measured) < MIN_PAIRS_FOR_OUTLIERS and expected:
+        failed |= {k for k, v in measured.items() if v < BROKEN_PAIR_SHARE * expected}
+        comm.failed_pairs = sorted(failed)
+    comm.slow_pairs = sorted(outliers)
+    blamed, comm.suspect_pairs = _blame(ranks, failed, outliers, comm.pairs, comm.reference_gbps)
+    healthy = {k: v for k, v in measured.items() if k not in failed}  # a broken pair is a failure, not the run's figure
+    run_median = statistics.median(healthy.values()) if healthy else None
+    if expected and run_median is not None and run_median < expected:
+        every = all(v < expected for v in healthy.values())
+        comm.warnings.append(
+            f"{'every pair is slow' if every else 'the median pair is slow'}: median {run_median:.4g} GB/s, "
+            f"expected {expected:g} GB/s ({', '.join(f'{k} {v:.4g}' for k, v in sorted(healthy.items()))}) "
+            "— the fabric or the host is slow; no node failed for it"
+        )
+    for key in comm.suspect_pairs:
+        comm.warnings.append(
+            f"pair {key} is slow ({comm.pairs[key]:g} GB/s against the run's {comm.reference_gbps:g}) "
+            "and neither end is in more slow pairs than the other: neither failed for it"
+        )
+    report.notes.extend(comm.warnings)
     for name in ranks:
         node = report.node(name)
         assert node is not None
@@ -314,15 +351,45 @@ def judge_comm(report: PreflightReport, ranks: list[str], results: list[p.Action
             continue  # no answer at all: already explained
         data = per_node[name]
         mine = {k: v for k, v in comm.pairs.items() if name in k.split("~")}
-        values = {"busbw_gbps": data.get("world_busbw_gbps"), "pairs": mine, "backend": data.get("backend")}
+        values = {
+            "busbw_gbps": data.get("world_busbw_gbps"), "pairs": mine, "backend": data.get("backend"),
+            "median_gbps": comm.median_gbps, "reference_gbps": comm.reference_gbps, "expected_gbps": expected,
+        }
+        if comm.warnings:
+            values["warnings"] = list(comm.warnings)
         if data.get("error"):
             node.checks["comm"] = CheckOutcome(False, p.clean_text(str(data["error"]), 300), values)
         elif name in blamed:
             node.checks["comm"] = CheckOutcome(False, "; ".join(blamed[name]), values)
         else:
             bw = data.get("world_busbw_gbps")
-            node.checks["comm"] = CheckOutcome(True, f"{bw} GB/s bus bandwidth over {len(ranks)} nodes ({data.get('backend')})", values)
+            detail = f"{bw} GB/s bus bandwidth over {len(ranks)} nodes ({data.get('backend')})"
+            if comm.warnings:
+                detail += f"; warning: {comm.warnings[0]}"
+            node.checks["comm"] = CheckOutcome(True, p.clean_text(detail, 300), values)
     return comm
+
+
+MIN_PAIRS_FOR_OUTLIERS = 3  # with fewer there are no "other pairs" to judge a pair against
+BROKEN_PAIR_SHARE = 0.1  # a link fallen back to a slower path is ten times slower or worse; a loaded host is a few
+
+
+def _outlier_pairs(ranks: list[str], measured: dict[str, float], options: PreflightOptions, comm: CommReport) -> set[str]:
+    """Pairs under ``slow_pair_fraction`` of the median of each node's best pair (and under the expectation, if any)."""
+    if len(measured) < MIN_PAIRS_FOR_OUTLIERS:
+        return set()
+    best: dict[str, float] = {}
+    for key, bw in measured.items():
+        for name in key.split("~"):
+            best[name] = max(best.get(name, bw), bw)
+    reference = statistics.median(best[name] for name in ranks if name in best)
+    comm.reference_gbps = round(reference, 4)
+    if not options.slow_pair_fraction:
+        return set()
+    limit = options.slow_pair_fraction * reference
+    if options.min_busbw_gbps:
+        limit = min(limit, options.min_busbw_gbps)  # a pair that meets the expectation is not slow
+    return {k for k, v in measured.items() if v < limit}
 
 
 def _pair_by_name(pair: str, ranks: list[str]) -> str | None:
@@ -332,22 +399,39 @@ def _pair_by_name(pair: str, ranks: list[str]) -> str | None:
     return pair_key(ranks[int(a)], ranks[int(b)])
 
 
-def _blame(ranks: list[str], bad: set[str]) -> dict[str, list[str]]:
-    """A node in nothing but bad pairs is the culprit; otherwise both ends of a bad pair are named."""
+def _blame(
+    ranks: list[str], failed: set[str], outliers: set[str], figures: dict[str, float] | None = None, reference: float | None = None
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Who fails for which pair, and the slow pairs no end can be blamed for.
+
+    A node in nothing but bad pairs is the culprit; both ends of a failed pair are named; of an outlier pair,
+    the end that is in more bad pairs (failed or outlier); a tie names the pair and fails neither.
+    """
     blamed: dict[str, list[str]] = {}
+    suspects: list[str] = []
+    bad = set(failed) | set(outliers)
     if not bad:
-        return blamed
+        return blamed, suspects
+    figures = figures or {}
     mine = {name: [k for k in (pair_key(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1 :]) if name in k.split("~")] for name in ranks}
     culprits = {name for name, pairs in mine.items() if pairs and all(k in bad for k in pairs)}
     for name in culprits:
         blamed[name] = [f"slow or failing with every peer ({', '.join(mine[name])})"]
+    counts = Counter(name for key in bad for name in key.split("~"))
     for key in sorted(bad):
         a, b = key.split("~")
         if a in culprits or b in culprits:
             continue
-        for name, peer in ((a, b), (b, a)):
-            blamed.setdefault(name, []).append(f"slow or failing pair with {peer}")
-    return blamed
+        if key in failed:
+            for name, peer in ((a, b), (b, a)):
+                blamed.setdefault(name, []).append(f"slow or failing pair with {peer}")
+        elif counts[a] == counts[b]:
+            suspects.append(key)
+        else:
+            name, peer = (a, b) if counts[a] > counts[b] else (b, a)
+            against = f" against the run's {reference:g}" if reference is not None else ""
+            blamed.setdefault(name, []).append(f"slow pair with {peer} ({figures.get(key, 0.0):g} GB/s{against})")
+    return blamed, suspects
 
 
 # -------------------------------------------------------------------------- run

@@ -50,6 +50,15 @@ GPU_COLUMNS = [
     Column("xid", "XID", 4, "right"),
     Column("state", "STATE", 6),
 ]
+PROCESS_COLUMNS = [
+    Column("gpu", "GPU", 3, "right"),
+    Column("pid", "PID", 8, "right"),
+    Column("user", "USER", 12),
+    Column("job", "JOB", 10),
+    Column("mem", "GPU MEM", 9, "right"),
+    Column("command", "COMMAND", 80, grow=True),
+]
+PROCESS_ROWS = 8  # the processes pane's height in rows; more scroll (tab to it)
 EVENT_COLUMNS = [
     Column("time", "TIME", 8),
     Column("sev", "SEV", 8),
@@ -125,6 +134,37 @@ def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list
             (str(gpu.state), _BAD if gpu.state != "ok" else None),
         ])
         keys.append(str(gpu.index))
+    return rows, keys
+
+
+def format_mib(mb: float | None) -> str:
+    """GPU memory as nvitop writes it: ``812MiB``, ``30.5GiB``; N/A for None."""
+    if mb is None:
+        return "N/A"
+    return f"{mb:.0f}MiB" if mb < 1024 else f"{mb / 1024:.1f}GiB"
+
+
+def process_cells(node: NodeState) -> tuple[list[list[Cell]], list[str]]:
+    """The compute processes on each GPU (nvitop's list) from the node's latest full sample: by GPU, biggest first.
+
+    Their user, job and command are the node's text: plain cells, never markup.
+    """
+    rows: list[list[Cell]] = []
+    keys: list[str] = []
+    sample = node.sample
+    if sample is None:
+        return rows, keys
+    for gpu in sorted(sample.gpus, key=lambda g: g.index):
+        for proc in sorted(gpu.processes, key=lambda p: -(p.used_mb or 0.0)):
+            rows.append([
+                (str(gpu.index), None),
+                (str(proc.pid), None),
+                (str(proc.user) or "N/A", None if proc.user else _MUTED),
+                (str(proc.job) or "-", None if proc.job else _MUTED),
+                (format_mib(proc.used_mb), None),
+                (str(proc.command) or "N/A", None if proc.command else _MUTED),
+            ])
+            keys.append(f"{gpu.index}/{proc.pid}")
     return rows, keys
 
 
@@ -237,10 +277,10 @@ def history_text(history: TrackRecord, limit: int = 8) -> Text:
     if history.kept_out:
         text.append(f"KEPT OUT: {history.kept_out} (I forces the return)\n", style=_BAD)
     for line in history.incidents[:limit]:
-        gpu = "-" if line.gpu is None else str(line.gpu)
+        where = "the node" if line.gpu is None else f"gpu {line.gpu}"  # never "gpu -": a node-wide incident
         ttr = "N/A" if line.ttr is None else format_duration(line.ttr)
         what = line.kind + (f" {line.code}" if line.code is not None else "")
-        text.append(f"{time.strftime('%m-%d %H:%M', time.localtime(line.at))} {what:<14.14} gpu {gpu:<2} "
+        text.append(f"{time.strftime('%m-%d %H:%M', time.localtime(line.at))} {what:<14.14} {where:<8} "
                     f"TTR {ttr:<6} {line.outcome}\n")
     return text
 
@@ -292,6 +332,9 @@ class NodeScreen(ViewScreen):
 
     def compose_view(self) -> ComposeResult:
         yield TextTable(GPU_COLUMNS, id="gpu-table")
+        procs = TextTable(PROCESS_COLUMNS, id="gpu-procs")
+        procs.display = False  # shown once the node reports a process (its agent reads NVML's list)
+        yield procs
         with Horizontal(id="node-lower"):
             # Host, checks and history outgrow the pane on a short terminal: it scrolls (tab to it, then arrows).
             with VerticalScroll(id="host-pane"):
@@ -348,6 +391,12 @@ class NodeScreen(ViewScreen):
         self.set_title(*parts)
         rows, keys = gpu_cells(node, history)
         self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
+        rows, keys = process_cells(node)
+        procs = self.query_one("#gpu-procs", TextTable)
+        procs.display = bool(rows)
+        if rows:
+            procs.styles.height = min(len(rows), PROCESS_ROWS) + 1  # and the header
+        procs.set_rows(rows, keys)
         self.query_one("#host-panel", Static).update(host_text(node))
         self.query_one("#node-checks", Static).update(checks_text(node, self.store.clock.now()))
         self._refresh_history()

@@ -151,6 +151,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         self._runs_for: tuple[int, str, str, int] | None = None
         self._run_labels: dict[int, str] = {}
         self._counted = -1  # how many nodes the cells per node were counted over
+        self._uncounted = True  # some node had not said how many GPUs it has when they were counted
 
     def set_nodes(self, nodes: Sequence[HeatmapNode], highlight: str | None = None, health: bool = False) -> None:
         """Replace the cells (once a tick) and redraw the visible lines; ``health``: the values are health."""
@@ -160,9 +161,13 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         if isinstance(nodes, LazyRows):
             # Read from the nodes, not their cells: a cell is made only for a line on screen.
             self._names = nodes.names
-            if len(nodes) != self._counted:  # counted again when nodes come or go, not every tick
+            # Counted again when nodes come or go, not every tick; and until every node has said how many GPUs
+            # it has (a node listed before its hello counts none, and would leave one cell per node for good).
+            if len(nodes) != self._counted or self._uncounted:
                 self._counted = len(nodes)
-                self._cells_per_node = max((n.gpu_count for n in nodes.nodes), default=8) or 1
+                counts = [n.gpu_count for n in nodes.nodes]
+                self._uncounted = not counts or min(counts) == 0
+                self._cells_per_node = max(counts, default=8) or 1
         else:
             self._names = [n.name for n in nodes]
             self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
