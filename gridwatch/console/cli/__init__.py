@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "gridwatch.playbooks.cli",  # playbook
     "gridwatch.console.cli.train",  # train
     "gridwatch.console.cli.preflight",  # preflight
+    "gridwatch.console.cli.logs",  # logs: from the console's log store
     "gridwatch.console.cli.demo",  # demo, fault
 )
 

@@ -32,6 +32,13 @@ AUTO_NODES_PER_SECOND = 500
 AUTO_MAX_EVERY = 5.0  # auto: at most this many seconds between summaries (dcgm-exporter collects every 30 s)
 MAX_SUMMARY_EVERY = 60.0  # a node silent for longer is no fleet view
 SummaryEvery = float | Literal["auto"]
+# The log store's lifecycle (gridwatch.console.runtime.logstore): lines older than this go, then the oldest
+# while it holds more than that; an open incident's evidence stays.
+DEFAULT_RETENTION = "14d"
+DEFAULT_STORE_MAX = "20GB"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def summary_cadence(setting: SummaryEvery, nodes: int) -> float:
@@ -56,6 +63,32 @@ def parse_summary_every(text: str) -> SummaryEvery:
         raise ValueError(f"expected {EXPECTED['summary_every']}, got {text!r}") from None
     if not math.isfinite(value) or not 0 <= value <= MAX_SUMMARY_EVERY:
         raise ValueError(f"expected {EXPECTED['summary_every']}, got {text!r}")
+    return value
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text`` (``20GB``, ``500MB``, ``1.5GiB``, a number of bytes), above 0; ValueError in one line."""
+    if isinstance(text, bool):
+        raise ValueError("expected a size such as 500MB or 20GB")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.match(str(text))
+        if not match:
+            raise ValueError(f"{text!r} is not a size: write it as 500MB, 20GB or 1TiB")
+        value = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "B").lower()])
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a size above 0")
+    return value
+
+
+def parse_retention(text: str | float) -> float:
+    """Seconds in ``text`` (``14d``, ``12h``, a number of seconds), above 0; ValueError in one line."""
+    from gridwatch.playbooks.durations import parse_duration
+
+    value = parse_duration(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a duration above 0")
     return value
 
 
@@ -106,11 +139,23 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # [[relay]] tables: nodes reached through a relay (one link for hundreds of nodes); `nodes` then lists
     # only those the console links to itself, and may be left out when relays carry every node.
     relay: list[RelayConfig] = []
+    retention: str | float | None = None  # the log store keeps lines this long ("14d"; default DEFAULT_RETENTION)
+    store_max: str | int | None = None  # ... and at most this much ("20GB"; default DEFAULT_STORE_MAX)
 
     @property
     def node_spec(self) -> str:
         """``nodes`` as one hostlist string."""
         return self.nodes if isinstance(self.nodes, str) else ",".join(self.nodes)
+
+    @property
+    def retention_s(self) -> float:
+        """``retention`` in seconds (checked when the file was read)."""
+        return parse_retention(DEFAULT_RETENTION if self.retention is None else self.retention)
+
+    @property
+    def store_max_bytes(self) -> int:
+        """``store_max`` in bytes (checked when the file was read)."""
+        return parse_size(DEFAULT_STORE_MAX if self.store_max is None else self.store_max)
 
     @property
     def etcd_urls(self) -> list[str]:
@@ -147,6 +192,8 @@ EXPECTED: dict[str, str] = {
     "relay": "[[relay]] tables, each with an address and the nodes that relay carries",
     "relay.address": 'HOST:PORT of a gridwatch relay, e.g. "head1:8023"',
     "relay.nodes": 'a hostlist string or a list of them, e.g. "node[017-512]:8022"',
+    "retention": 'how long the log store keeps lines, a duration above 0, e.g. "14d" or "12h"',
+    "store_max": 'the most the log store may hold, a size above 0, e.g. "20GB" or "500MB"',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
 _AT_RELAY = re.compile(r"at `\$\.relay\[(\d+)\](?:\.([A-Za-z0-9_-]+))?")
@@ -299,6 +346,13 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
             config = msgspec.structs.replace(config, alertmanager=check_alertmanager_url(config.alertmanager))
         except ValueError:
             raise _error(path, "alertmanager", config.alertmanager) from None
+    for key, check in (("retention", parse_retention), ("store_max", parse_size)):
+        value = getattr(config, key)
+        if value is not None:
+            try:
+                check(value)
+            except ValueError:
+                raise _error(path, key, value) from None
     if config.metrics is not None:
         host, _sep, port = config.metrics.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:

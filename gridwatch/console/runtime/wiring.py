@@ -11,8 +11,11 @@ from gridwatch.console.fleet.state import Clock, StateStore, SystemClock
 from gridwatch.wire.protocol import StreamMode
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
     from gridwatch.console.fleet.prometheus import PrometheusFleet
     from gridwatch.console.runtime.config import ClusterConfig, SummaryEvery
+    from gridwatch.console.runtime.logfeed import LogFeed
     from gridwatch.playbooks.notify import Alertmanager
     from gridwatch.sshlink.hostlist import Endpoint
 
@@ -73,6 +76,11 @@ class RuntimeOptions:
     # Each relay -> the nodes it carries for this console on one link ([[relay]] in cluster.toml, --relay);
     # ``endpoints`` are then only the nodes linked directly. Checked: each node is reached one way.
     relays: dict[Endpoint, list[Endpoint]] = field(default_factory=dict)
+    # The log store beside db_path (gridwatch.console.runtime.logfeed): events' lines, streamed lines, incidents'
+    # windows. None: the defaults of cluster.toml's retention and store_max. No db_path (in memory): no store.
+    keep_logs: bool = True
+    log_retention_s: float | None = None
+    log_store_max: int | None = None
 
     @classmethod
     def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
@@ -109,7 +117,8 @@ class RuntimeOptions:
                    playbook_paths=config.playbook_paths, scheduler=config.scheduler,
                    connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
                    cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every,
-                   etcd_access=etcd_access(config))
+                   etcd_access=etcd_access(config), log_retention_s=config.retention_s,
+                   log_store_max=config.store_max_bytes)
         return dataclasses.replace(base, **overrides)
 
 
@@ -164,10 +173,13 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     executor.recheck = engine.no_longer_holds
     if options.alertmanager:
         page_through_alertmanager(runtime, options.alertmanager, clock)
+    metrics = None
     if options.metrics:
         from gridwatch.console.runtime.metrics import serve_metrics
 
-        serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
+        metrics = serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
+    if options.keep_logs and db_path != ":memory:":
+        keep_log_store(runtime, options, db_path, metrics.registry if metrics is not None else None)
     runtime.actor = ExecutorActor(executor, incident_store)
     relayed = [node for nodes in options.relays.values() for node in nodes]
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
@@ -191,6 +203,22 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     for endpoint in (*options.endpoints, *relayed):
         store.set_link(str(endpoint), "connecting")
     return runtime
+
+
+def keep_log_store(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: str,
+                   registry: CollectorRegistry | None = None) -> LogFeed:
+    """``runtime`` keeps its lines in the log store beside ``db_path``; ValueError in one line when it cannot be opened."""
+    from gridwatch.console.runtime.config import DEFAULT_RETENTION, DEFAULT_STORE_MAX, parse_retention, parse_size
+    from gridwatch.console.runtime.logfeed import keep_logs
+    from gridwatch.console.runtime.logstore import LogStore, LogStoreError, store_path_for
+
+    retention = options.log_retention_s if options.log_retention_s is not None else parse_retention(DEFAULT_RETENTION)
+    most = options.log_store_max if options.log_store_max is not None else parse_size(DEFAULT_STORE_MAX)
+    try:
+        store = LogStore(store_path_for(db_path), retention_s=retention, max_bytes=most)
+    except LogStoreError as exc:
+        raise ValueError(str(exc)) from None
+    return keep_logs(runtime, store, registry)
 
 
 def read_fleet_from_prometheus(runtime: ConsoleRuntime, url: str, **options: Any) -> PrometheusFleet:
