@@ -159,3 +159,26 @@ def open_dir() -> Iterator[Path]:
     d.chmod(0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a tests.slurm_cluster.SlurmCluster
+    """The run's one real Slurm (scripts/slurm-cluster.sh), started on first use; skips, saying why, where it cannot."""
+    from tests.slurm_cluster import missing, shared
+
+    why = missing()
+    if why is not None:
+        pytest.skip(f"no Slurm here: {why}")
+    try:
+        return shared(tmp_path_factory.mktemp("slurm"))
+    except RuntimeError as exc:
+        pytest.skip(f"Slurm would not start here: {exc}")
+
+
+@pytest.fixture
+def slurm(slurm_cluster, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
+    """Every node back in the pool, no job left, and `scontrol` run by the code under test pointed at it."""
+    slurm_cluster.reset()
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    yield slurm_cluster
+    slurm_cluster.cancel_jobs()

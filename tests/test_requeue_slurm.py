@@ -20,25 +20,11 @@ from gridwatch.playbooks.scheduler import Backoff
 from gridwatch.playbooks.store import IncidentStore, StepRecord
 from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample
 from tests.conftest import wait_until, wait_until_sync
-from tests.slurm_cluster import NODES, SlurmCluster, missing, shared
+from tests.slurm_cluster import NODES, SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
-    try:
-        return shared(tmp_path_factory.mktemp("slurm"))
-    except RuntimeError as exc:
-        pytest.skip(f"Slurm would not start here: {exc}")
-
-
-@pytest.fixture
-def slurm(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Any:
-    slurm_cluster.reset()
-    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    yield slurm_cluster
-    slurm_cluster.cancel_jobs()
 
 
 class Sink:

@@ -27,19 +27,12 @@ import pytest
 
 from gridwatch.console.demo.cluster import trainer_unavailable
 from tests.conftest import PYTHON, ROOT, free_port, spawn_agent, wait_until
-from tests.slurm_cluster import NODES, SlurmCluster, missing, shared
+from tests.slurm_cluster import NODES, SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
 
 OPERATOR = "oncall-e2e"
 
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
-    try:
-        return shared(tmp_path_factory.mktemp("slurm"))
-    except RuntimeError as exc:
-        pytest.skip(f"Slurm would not start here: {exc}")
 
 
 TINY_TRAINER = ["--dim=32", "--heads=2", "--layers=1", "--seq-len=32", "--micro-batch=4", "--micro-batches=1",
