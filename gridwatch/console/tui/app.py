@@ -120,7 +120,8 @@ class GridwatchApp(App[None]):
         backend = self.runtime.incidents
         if backend is None:
             return 0
-        return sum(1 for row in backend.incidents() if row.state == "open")
+        # Open as the operator means it: not acknowledged or silenced, and not recovered or resolved yet.
+        return sum(1 for row in backend.incidents() if row.state == "open" and row.phase in ("open", "acting"))
 
     # ------------------------------------------------------------- navigation
 

@@ -34,8 +34,18 @@ INCIDENT_COLUMNS = [
 ]
 # The logs key shows this long before the incident's fault (or detection) to this long after its detection.
 INCIDENT_LOG_WINDOW_S = 300.0
-STATE_STYLES = {"open": Style(color="red", bold=True), "acknowledged": Style(color="yellow"),
-                "silenced": Style(color="grey50"), "resolved": Style(color="green")}
+STATE_STYLES = {"open": Style(color="red", bold=True), "acting": Style(color="yellow", bold=True),
+                "acknowledged": Style(color="yellow"), "silenced": Style(color="grey50"),
+                "recovered": Style(color="cyan"), "resolved": Style(color="green")}
+
+
+def state_word(row: IncidentRow) -> str:
+    """What the STATE column says: the incident's phase (open, acting, recovered, resolved), as the store and
+    /metrics have it; an operator's acknowledgement or silence shows while nothing has recovered yet."""
+    phase = str(row.phase)
+    if row.state in ("acknowledged", "silenced") and phase in ("open", "acting"):
+        return row.state
+    return phase
 
 
 def _when(ts: float | None) -> str:
@@ -51,7 +61,7 @@ def _secs(value: float | None) -> str:
 def incident_cells(row: IncidentRow, now: float) -> list[Cell]:
     return [
         (row.severity, SEVERITY_STYLES.get(row.severity)),
-        (row.state, STATE_STYLES.get(row.state)),
+        (word := state_word(row), STATE_STYLES.get(word)),
         (row.node, None),
         (row.title, None),
         (row.playbook or "", None),

@@ -1,4 +1,5 @@
-"""The scheduler's jobs in the console: a JOB column in the fleet table and a ``:jobs`` view, as squeue shows them."""
+"""What the console says matches what is so: the scheduler's jobs (a JOB column, a `:jobs` view), a node's health, what a
+node read from Prometheus can do, a cell per GPU, and an incident's phase."""
 
 from __future__ import annotations
 
@@ -107,3 +108,25 @@ async def test_the_heatmap_draws_a_cell_per_gpu_though_the_nodes_were_listed_bef
         assert heatmap._cells_per_node == 8
         line = next(ln for ln in screen_text(app).splitlines() if ln.startswith("node-2"))
         assert line.count("█") == 8
+
+
+async def test_the_incidents_view_says_each_incident_s_phase() -> None:
+    from gridwatch.console.runtime.incidents import IncidentRow
+    from gridwatch.console.tui.screens import IncidentsScreen
+    from tests.support_frames import T0
+
+    app = make_app()
+    rows = {"inc-act": dict(acted_at=T0 - 20), "inc-rec": dict(acted_at=T0 - 20, recovered_at=T0 - 10),
+            "inc-ack": dict(state="acknowledged", acted_at=T0 - 20), "inc-done": dict(state="resolved")}
+    for key, extra in rows.items():
+        fields = {"state": "open", **extra}
+        app.runtime.incidents.add(IncidentRow(id=key, severity="critical", node="node02", title=key,
+                                              detected_at=T0 - 30, **fields))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.show_view("incidents")
+        await wait_for(pilot, lambda: shown(app, IncidentsScreen))
+        said = {r[3][0]: r[1][0] for r in app.screen.query_one(TextTable).row_cells()}
+        assert said == {"XID 79: GPU fell off the bus": "open", "inc-act": "acting", "inc-rec": "recovered",
+                        "inc-ack": "acknowledged", "inc-done": "resolved"}
+        assert "2 open incidents" in screen_text(app)  # the fixture's and inc-act: recovered or acknowledged ones are not
