@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.console.runtime.core import ConsoleRuntime
-from gridwatch.console.runtime.incidents import IncidentRow, MemoryIncidents, StoreIncidents
+from gridwatch.console.runtime.incidents import AuditEntry, IncidentRow, StoreIncidents
 from gridwatch.console.tui.app import GridwatchApp
+from gridwatch.playbooks.clock import Clock, SystemClock
 from gridwatch.playbooks.plans import Incident
 from gridwatch.playbooks.store import IncidentStore
 from gridwatch.wire.protocol import ActionResult, LogLine, Text, TrainerStatus
@@ -17,6 +18,41 @@ from tests.support_frames import T0, fill_fleet, make_hello, make_sample
 
 SIZE = (160, 50)
 EVIL = "[bold red]EVIL[/][link=http://x]click[/link]"
+
+
+class MemoryIncidents:
+    """An in-memory incident store with the Incidents view's interface, whose rows a test edits by hand: the view
+    tests' double, kept out of the package (a console without a database uses the real store on ``:memory:``)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.rows: dict[str, IncidentRow] = {}
+
+    def add(self, row: IncidentRow) -> None:
+        self.rows[row.id] = row
+
+    def incidents(self, limit: int = 200) -> list[IncidentRow]:
+        now = self.clock.now()
+        for row in self.rows.values():
+            if row.state == "silenced" and row.silenced_until is not None and row.silenced_until <= now:
+                row.state = "open"
+        order = sorted(self.rows.values(), key=lambda r: (r.state == "resolved", -r.detected_at))
+        return order[:limit]
+
+    def detail(self, incident_id: str) -> IncidentRow | None:
+        return self.rows.get(incident_id)
+
+    def acknowledge(self, incident_id: str, who: str, why: str) -> None:
+        row = self.rows[incident_id]
+        row.state = "acknowledged"
+        row.audit.append(AuditEntry(self.clock.now(), who, "acknowledge", why, "ok"))
+
+    def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
+        row = self.rows[incident_id]
+        row.state = "silenced"
+        row.silenced_until = until
+        row.audit.append(AuditEntry(self.clock.now(), who, f"silence until {until:.0f}", why, "ok"))
+
 
 
 class RecordingFleet:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gridwatch.console.fleet.state import Clock, StateStore, SystemClock
+from gridwatch.console.fleet.state import StateStore
 from gridwatch.playbooks.incident_times import Phase, incident_phase, time_to_detect, time_to_recover
 
 # ------------------------------------------------------------------------ incidents
@@ -74,40 +74,6 @@ class IncidentActor(Protocol):
     """Runs an incident's plan (the playbook executor)."""
 
     async def act(self, incident_id: str, who: str, why: str) -> str: ...
-
-
-class MemoryIncidents:
-    """An in-memory incident store with the same interface: the view tests' double, whose rows a test edits by
-    hand (a console without a database uses the real store on ``:memory:``)."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
-        self.clock: Clock = clock or SystemClock()
-        self.rows: dict[str, IncidentRow] = {}
-
-    def add(self, row: IncidentRow) -> None:
-        self.rows[row.id] = row
-
-    def incidents(self, limit: int = 200) -> list[IncidentRow]:
-        now = self.clock.now()
-        for row in self.rows.values():
-            if row.state == "silenced" and row.silenced_until is not None and row.silenced_until <= now:
-                row.state = "open"
-        order = sorted(self.rows.values(), key=lambda r: (r.state == "resolved", -r.detected_at))
-        return order[:limit]
-
-    def detail(self, incident_id: str) -> IncidentRow | None:
-        return self.rows.get(incident_id)
-
-    def acknowledge(self, incident_id: str, who: str, why: str) -> None:
-        row = self.rows[incident_id]
-        row.state = "acknowledged"
-        row.audit.append(AuditEntry(self.clock.now(), who, "acknowledge", why, "ok"))
-
-    def silence(self, incident_id: str, until: float, who: str, why: str) -> None:
-        row = self.rows[incident_id]
-        row.state = "silenced"
-        row.silenced_until = until
-        row.audit.append(AuditEntry(self.clock.now(), who, f"silence until {until:.0f}", why, "ok"))
 
 
 class StoreIncidents:
