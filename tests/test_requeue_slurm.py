@@ -18,24 +18,12 @@ from gridwatch.playbooks.loader import load_builtin
 from gridwatch.playbooks.plans import Plan
 from gridwatch.playbooks.scheduler import Backoff
 from gridwatch.playbooks.store import IncidentStore, StepRecord
-from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample
+from gridwatch.wire.protocol import Event, Hello, Sample
 from tests.conftest import wait_until, wait_until_sync
 from tests.slurm_cluster import NODES, SlurmCluster, missing
+from tests.support_executor import FakeSink
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
-
-
-
-
-class Sink:
-    """Agents with no trainer of gridwatch's: they do what they are told, recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
-        self.calls.append((node, action))
-        return ActionResult(node=node, id="x", action=action, ok=True, message="done")
 
 
 class Told:
@@ -60,10 +48,10 @@ def xid79(node: str = "node-2") -> Plan:
     return plan
 
 
-def executor_for(tmp_path: Path, **kw: Any) -> tuple[Executor, IncidentStore, Sink, Told]:
+def executor_for(tmp_path: Path, **kw: Any) -> tuple[Executor, IncidentStore, FakeSink, Told]:
     clock = kw.pop("clock", None) or ManualClock(1000.0)
     store = IncidentStore(tmp_path / "incidents.db", clock)
-    sink, told = Sink(), Told()
+    sink, told = FakeSink(), Told()
     executor = Executor(store, sink, clock=clock, scheduler="slurm", who="alice", notifier=told, **kw)
     return executor, store, sink, told
 

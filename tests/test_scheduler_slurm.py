@@ -23,25 +23,13 @@ from gridwatch.playbooks.plans import Plan
 from gridwatch.playbooks.scheduler import Backoff
 from gridwatch.playbooks.schema import check_text
 from gridwatch.playbooks.store import IncidentStore
-from gridwatch.wire.protocol import ActionResult, Event, Hello, Sample, TrainerStatus
+from gridwatch.wire.protocol import Event, Hello, Sample, TrainerStatus
 from tests.conftest import wait_until
 from tests.processes import live_members
 from tests.slurm_cluster import NODES, SlurmCluster, missing
+from tests.support_executor import FakeSink
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
-
-
-
-
-class Sink:
-    """Agents that do what they are told, and a record of it."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    async def act(self, node: str, action: str, args: dict[str, Any], reason: str) -> ActionResult:
-        self.calls.append((node, action))
-        return ActionResult(node=node, id="x", action=action, ok=True, message="done")
 
 
 def xid79(node: str = "node-2", text: str | None = None) -> Plan:
@@ -57,10 +45,10 @@ def xid79(node: str = "node-2", text: str | None = None) -> Plan:
     return plan
 
 
-def executor_for(tmp_path: Path, *, clock: ManualClock | None = None, **kw: Any) -> tuple[Executor, IncidentStore, Sink]:
+def executor_for(tmp_path: Path, *, clock: ManualClock | None = None, **kw: Any) -> tuple[Executor, IncidentStore, FakeSink]:
     clock = clock or ManualClock(1000.0)
     store = IncidentStore(tmp_path / "incidents.db", clock)
-    sink = Sink()
+    sink = FakeSink()
     return Executor(store, sink, clock=clock, scheduler="slurm", who="alice", **kw), store, sink
 
 
@@ -139,7 +127,8 @@ async def test_with_the_controller_down_the_drain_stays_pending_and_happens_when
         assert drain.outcome.startswith("controller unreachable, retrying")
         # The job goes on without waiting, and the node stays isolated meanwhile.
         assert [s.state for s in store.steps(plan.incident.id) if s.step not in ("drain_node", "requeue_job")] == ["done"] * 4
-        assert ("node-2", "isolate") in sink.calls and all(a != "unisolate" for _, a in sink.calls)
+        sent = [(node, action) for node, action, _ in sink.calls]
+        assert ("node-2", "isolate") in sent and all(a != "unisolate" for _, a in sent)
         assert list(executor.pending_drains.values()) == ["node-2"]
         slurm.script("start-controller")
         clock.advance(5.0)  # the backoff's first wait, on the executor's clock
