@@ -31,7 +31,6 @@ from gridwatch.wire.protocol import (
     Hello,
     LogLine,
     Sample,
-    SchedulerJob,
     Summary,
     TrainerPhase,
 )
@@ -48,12 +47,6 @@ __all__ = [
 ]
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9]")
-
-def job_words(job: SchedulerJob) -> str:
-    """A scheduler job as an incident names it: ``slurm job 4242 (alice, pretrain)``."""
-    who = ", ".join(str(part) for part in (job.user, job.name) if part)
-    return f"{job.scheduler} job {job.id}" + (f" ({who})" if who else "")
-
 
 # A trainer in these phases is not there to leave a node in place (the scheduler's job is what runs).
 _NOT_ATTACHED = (TrainerPhase.GONE, TrainerPhase.LEFT, TrainerPhase.DONE)
@@ -129,7 +122,7 @@ class Engine(Matching, Planning):
             node.trainer_attached = (frame.trainer is not None and frame.trainer.read_from is None
                                      and frame.trainer.phase not in _NOT_ATTACHED)
             if frame.jobs or node.scheduler_jobs:
-                node.scheduler_jobs = tuple(job_words(j) for j in frame.jobs)
+                node.scheduler_jobs = tuple(frame.jobs)  # named only when an incident opens: no text per frame
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step

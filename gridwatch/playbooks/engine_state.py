@@ -21,7 +21,7 @@ from gridwatch.playbooks.guards import GuardLedger
 from gridwatch.playbooks.history import FleetHistory
 from gridwatch.playbooks.model import REMOVING_STEPS, ConditionTrigger, Playbook
 from gridwatch.playbooks.plans import Incident, Plan
-from gridwatch.wire.protocol import severity_rank
+from gridwatch.wire.protocol import SchedulerJob, severity_rank
 
 if TYPE_CHECKING:
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
@@ -30,6 +30,12 @@ _HISTORY = 1000  # closed incidents kept for the console and replay summaries
 # A collective verdict names the cause of its job's hang incidents that open this long after it: a
 # frozen trainer is reported (trainer_exit) only after the agent's grace, when the records are long read.
 BLAME_FRESH = 60.0
+
+
+def job_words(job: SchedulerJob) -> str:
+    """A scheduler job as an incident names it: ``slurm job 4242 (alice, pretrain)``."""
+    who = ", ".join(str(part) for part in (job.user, job.name) if part)
+    return f"{job.scheduler} job {job.id}" + (f" ({who})" if who else "")
 
 
 @dataclass
@@ -54,7 +60,7 @@ class NodeState:
     unheard_via: str = ""  # the relay carrying it is down: its silence is the relay's, no evidence about it
     excused_at: float = float("-inf")  # silence before this is not held against it (its relay was down)
     trainer_step: int | None = None
-    scheduler_jobs: tuple[str, ...] = ()  # the Slurm or Kubernetes jobs its agent found on it, in words
+    scheduler_jobs: tuple[SchedulerJob, ...] = ()  # the Slurm or Kubernetes jobs its agent found on it
     trainer_attached: bool = False  # gridwatch's trainer (or its API) answers on the node: it leaves in place
     checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
@@ -307,7 +313,7 @@ class EngineCore:
             symptom.summary += f" (acting on {target})"
         held = self.nodes.get(target)
         if held is not None and held.scheduler_jobs:  # the scheduler's jobs on it, named wherever it is told
-            symptom.summary += f" [{'; '.join(held.scheduler_jobs)}]"
+            symptom.summary += f" [{'; '.join(job_words(j) for j in held.scheduler_jobs)}]"
         ident = symptom.ident or self._frame_ident or str(int(now))
         incident = Incident(
             id=self._new_id(f"{pb.name}:{key}:{ident}"), playbook=pb.name, kind=pb.kind, severity=pb.severity,
