@@ -140,3 +140,25 @@ async def test_an_isolated_nodes_trainer_back_in_the_job_is_told_to_leave_again(
         for server in list(job.servers.values()):
             server.stop()
 
+
+
+def test_a_restarted_trainer_dates_its_crash_at_its_previous_lifes_last_answer():
+    """torchrun's restart is told seconds after the crash (the new process must start first): the fault time is
+    when the dead process last answered, not when its successor spoke."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=1001))
+    last_heard = link.last_ok
+    link.unanswered("no trainer is listening")  # it died
+    told = time.time() + 6.0
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=1, ts=told, message=p.Text("the trainer was restarted by torchrun (restart 1)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=5, pid=1002, events=[restart]))
+    (event,) = link.take_events()
+    assert last_heard is not None and abs(p.fault_time(event) - last_heard) < 1e-3
+    # The same process answering again after a pause dates nothing.
+    again = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"), seq=2, ts=told)
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=6, pid=1002, events=[again]))
+    (event,) = link.take_events()
+    assert p.fault_time(event) == told

@@ -371,3 +371,36 @@ def test_an_incident_names_the_scheduler_job_its_node_holds() -> None:
     assert plan.incident.summary.startswith("xid 79 on node-2")  # what is wrong first, as a drain reason reads it
     engine.observe("node-2", Summary(node="node-2"))  # the job ended
     assert engine.nodes["node-2"].scheduler_jobs == ()
+
+
+def test_the_worker_an_application_xid_kills_is_that_xids_incident_not_a_second_one() -> None:
+    # The README's XID 13 in the demo: NVIDIA's catalogue says "restart the application", the program dies of it,
+    # and torchrun restarts it. One fault: one incident, the restart told as its consequence.
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    plans = engine.observe("node2", Event(node="node2", kind="xid", code=13, gpu=0, severity="warning",
+                                          details={"resolution": "RESTART_APP", "blame": "application"}))
+    assert [p.incident.playbook for p in plans] == ["xid-application"]
+    clock.advance(5.0)
+    restarted = Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
+                      message="the trainer on node2 was restarted by torchrun (restart 1)")
+    assert engine.observe("node2", restarted) == []
+    (incident,) = [i for i in engine.incidents() if i.state != "closed"]
+    assert incident.playbook == "xid-application" and incident.symptoms == 2
+    assert any("trainer-restarted" in note and "consequence" in note for note in incident.notes)
+    # On another node, or long after, a worker's death is its own incident.
+    assert [p.incident.playbook for p in engine.observe("node3", Event(node="node3", kind="trainer_restarted",
+                                                                       severity="error", source="trainer"))] \
+        == ["trainer-restarted"]
+    clock.advance(300.0)
+    assert [p.incident.playbook for p in engine.observe("node2", restarted)] == ["trainer-restarted"]
+
+
+def test_consequence_of_names_real_event_kinds() -> None:
+    _, errors = check_text("name: x\nconsequence_of: {events: [xid, xdi]}\ntrigger: {event: trainer_restarted}\n"
+                           "plan: [notify]\n", "test.yaml")
+    assert len(errors) == 1 and "xdi" in str(errors[0])
+    _, errors = check_text("name: x\nconsequence_of: {within: 2m}\ntrigger: {event: trainer_restarted}\n"
+                           "plan: [notify]\n", "test.yaml")
+    assert len(errors) == 1 and "needs events" in str(errors[0])

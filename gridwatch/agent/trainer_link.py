@@ -159,11 +159,25 @@ class TrainerLink:
             self.leaving = False  # a trainer (again): its next silence is a fault
             logger.info("trainer attached at {}", self.socket_path)
         self.attached = True
-        self.last_ok = time.time()
+        before, self.last_ok = self.last_ok, time.time()
+        previous_pid = self.status.pid if self.status is not None else None
         fresh = events_after(status, self._seen_event_seq)
         if fresh:
             self._seen_event_seq = max(e.seq for e in fresh)
+            if before is not None and previous_pid and previous_pid != status.pid:
+                _date_restart(fresh, before)
             # Re-numbered when the agent publishes them into its own stream.
             self._events.extend(fresh)
         status.events = []  # relayed once as events, not again in every sample
         self.status = status
+
+
+def _date_restart(events: list[p.Event], last_heard: float) -> None:
+    """A restarted trainer's report of its restart dates the fault at its previous life's last answer.
+
+    The new process says it was restarted only once it is up again (torch imported, seconds later); the
+    previous one died after it last answered this link, which is the nearest measured time of the crash.
+    """
+    for event in events:
+        if event.kind == "trainer_restarted" and p.FAULT_AT not in event.details:
+            event.details = {**event.details, p.Text(p.FAULT_AT): p.Text(f"{last_heard:.3f}")}

@@ -266,8 +266,25 @@ class EngineCore:
         if why:
             incident.notes.append(f"{now:.3f} {why}")
 
+    def _consequence(self, pb: Playbook, node: str, now: float) -> Incident | None:
+        """The recent incident on ``node`` whose fault this symptom follows from (``consequence_of``), if any.
+
+        An application XID kills the worker that caused it; its restart is the same fault told again,
+        not a second one: one fault, one incident.
+        """
+        if not pb.consequence_of:
+            return None
+        kinds = set(pb.consequence_of)
+        causes = [i for i in self._open_on(node) if i.playbook != pb.name and now - i.opened_at <= pb.consequence_within
+                  and kinds & set(i.kind.split("/"))]
+        return max(causes, key=lambda i: i.opened_at) if causes else None
+
     def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
         target = self._target(pb, symptom) or symptom.node
+        follows = self._consequence(pb, target, now)
+        if follows is not None:
+            self._merge(follows, symptom, now, f"then {pb.name}: {symptom.summary} (a consequence of this fault)")
+            return []
         reporter = self.nodes.get(symptom.node)
         standing = self._standing_verdict(pb, reporter.job if reporter else "", now)
         if standing is not None:

@@ -187,6 +187,11 @@ class Playbook:
     settle: float = 0.0  # gather symptoms this long before planning
     dedup_window: float = 600.0  # an open incident absorbs new symptoms until quiet this long
     replaces: str | None = None  # the shipped playbook this one is used instead of
+    # ``consequence_of: {events: [...], within: 2m}``: this symptom on a node where an incident of one of
+    # these event kinds opened that recently is that fault's consequence (a worker killed by its XID): it
+    # joins that incident rather than opening one of its own.
+    consequence_of: tuple[str, ...] = ()
+    consequence_within: float = 120.0
     # ``blame: collectives``: the ranks' collective records, when they name a culprit, decide the node
     # acted on (before the "one silent node" rule), and ``on_blame`` (if given) is the plan then.
     blame: bool = False

@@ -55,7 +55,7 @@ class PlaybookError:
 
 
 _PLAYBOOK_KEYS = ("name", "description", "severity", "scope", "trigger", "plan", "guards", "target", "settle", "dedup_window",
-                  "replaces", "blame", "on_blame")
+                  "replaces", "blame", "on_blame", "consequence_of")
 # What ``blame:`` may name: the evidence that decides which node a hang incident acts on.
 _BLAME_SOURCES: tuple[str, ...] = ("collectives",)
 _TRIGGER_KEYS = ("event", "match", "count", "within", "distinct", "share", "metric", "for", "log", "source",
@@ -509,6 +509,8 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
             c.error(keys["replaces"][1], f"replaces {replaces!r} must be a playbook name")
         elif replaces is not None:
             fields["replaces"] = replaces
+    if "consequence_of" in keys:
+        fields.update(_consequence_of(c, keys["consequence_of"][1]))
     trigger = _trigger(c, keys["trigger"][1]) if "trigger" in keys else None
     steps: list[Step] = []
     if "plan" in keys:
@@ -549,6 +551,23 @@ def _playbook(c: _Checker, node: Node) -> Playbook | None:
         return None
     return Playbook(name=name, trigger=trigger, plan=tuple(steps), source=c.path,
                     line=node.start_mark.line + 1, **fields)
+
+
+def _consequence_of(c: _Checker, node: Node) -> dict[str, Any]:
+    """``consequence_of: {events: [xid, ...], within: 2m}``: the faults this symptom follows from."""
+    keys = c.mapping(node, ("events", "within"), "consequence_of")
+    if not isinstance(node, MappingNode):
+        return {}
+    if "events" not in keys:
+        c.error(node, "consequence_of needs events: the event kinds whose incidents this symptom follows from")
+        return {}
+    kinds = c.items(keys["events"][1], "consequence_of.events", lambda n: _event_kind(c, n))
+    fields: dict[str, Any] = {"consequence_of": tuple(k for k in kinds if k is not None)}
+    if "within" in keys:
+        within = c.duration(keys["within"][1], "consequence_of.within")
+        if within is not None:
+            fields["consequence_within"] = within
+    return fields
 
 
 def _requeue_after_drain(c: _Checker, where: Node, steps: Sequence[Step]) -> None:
