@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gridwatch.console.fleet.metrics import aggregate, host_traffic
+from gridwatch.console.fleet.metrics import aggregate, hca_traffic, host_traffic
 from gridwatch.console.fleet.state import ManualClock, StateStore
 from gridwatch.wire.frames import summarize
 from gridwatch.wire.protocol import HostSample, IbPortSample, NicSample, Text
@@ -25,6 +25,9 @@ def test_hca_ports_add_to_the_nics() -> None:
     assert host_traffic(HostSample()) == (None, None)
     assert host_traffic(HostSample(ib=[IbPortSample(device=Text("mlx5_0"), port=1, rx_bps=0.0)])) == (0.0, 0.0)
     assert host_traffic(HostSample(ib=[IbPortSample(device=Text("mlx5_0"), port=1)])) == (None, None)
+    # The HCAs' share, which the node view says beside the total.
+    assert hca_traffic(host) == (8 * 5.5e9, 8 * 5e9)
+    assert hca_traffic(HostSample(nics=host.nics)) == (None, None)
 
 
 def test_an_infiniband_node_does_not_read_zero_in_a_sample_or_a_summary() -> None:

@@ -141,11 +141,38 @@ def host_traffic(host: HostSample) -> tuple[float | None, float | None]:
     As the agent's summary sums them (``wire.frames.summarize``).
     """
     nics = host.nics
-    ports = [p for p in host.ib if p.rx_bps is not None or p.tx_bps is not None]
-    if not nics and not ports:
+    ib_rx, ib_tx = hca_traffic(host)
+    if not nics and ib_rx is None:
         return None, None
-    rx = sum(n.rx_bps for n in nics) + sum(p.rx_bps or 0.0 for p in ports)
-    tx = sum(n.tx_bps for n in nics) + sum(p.tx_bps or 0.0 for p in ports)
+    rx = sum(n.rx_bps for n in nics) + (ib_rx or 0.0)
+    tx = sum(n.tx_bps for n in nics) + (ib_tx or 0.0)
+    return rx, tx
+
+
+def hca_traffic(host: HostSample) -> tuple[float | None, float | None]:
+    """The InfiniBand / RoCE part of :func:`host_traffic`: bytes/s through the HCA ports; ``None`` where no port reports.
+
+    A port with no rate yet (its first sample) counts for neither; one that reports one direction counts 0 B for the other.
+    """
+    ports = [p for p in host.ib if p.rx_bps is not None or p.tx_bps is not None]
+    if not ports:
+        return None, None
+    return sum(p.rx_bps or 0.0 for p in ports), sum(p.tx_bps or 0.0 for p in ports)
+
+
+PCIE_KB = 1024  # nvmlDeviceGetPcieThroughput's "KB/s" are KiB/s (nvitop reads them so too)
+
+
+def gpu_pcie_traffic(gpu: GpuSample) -> tuple[float | None, float | None]:
+    """Bytes/s the GPU receives and sends over PCIe; ``None`` (each way) where NVML cannot say.
+
+    GPM's rates (``NVML_GPM_METRIC_PCIE_RX_PER_SEC``, Hopper and later) where the agent read them, else
+    ``nvmlDeviceGetPcieThroughput`` (``nvidia-smi dmon -s t``), which older cards give.
+    """
+    rx = gpu.pcie_rx_bps if gpu.pcie_rx_bps is not None else (
+        None if gpu.pcie_rx_kbs is None else gpu.pcie_rx_kbs * PCIE_KB)
+    tx = gpu.pcie_tx_bps if gpu.pcie_tx_bps is not None else (
+        None if gpu.pcie_tx_kbs is None else gpu.pcie_tx_kbs * PCIE_KB)
     return rx, tx
 
 

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from typing import TypeVar
 
 from gridwatch.console.fleet.logquery import LogEntry, LogQuery, matches, severity_rank
-from gridwatch.console.fleet.metrics import GpuAggregate, Metric, gpus_failing, worst_of
+from gridwatch.console.fleet.metrics import GpuAggregate, Metric, gpus_failing, host_traffic, worst_of
 from gridwatch.console.fleet.node import (
     CheckVerdict,
     EventRecord,
@@ -239,8 +239,7 @@ class StateStore:
             node.sample = sample
             host = sample.host
             cpu, used, total = host.cpu_percent, host.mem_used_mb, host.mem_total_mb
-            rx = sum(n.rx_bps for n in host.nics) if host.nics else None
-            tx = sum(n.tx_bps for n in host.nics) if host.nics else None
+            rx, tx = host_traffic(host)  # HCA ports too, as a summary's rx/tx count them
         node.agg = None  # summed when a view first reads it: most nodes' rows are never drawn
         node.last_sample_at = now
         node.isolated = sample.isolated

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -22,6 +23,7 @@ from gridwatch.console.fleet.history import (
     HOST_RX,
     HOST_TX,
 )
+from gridwatch.console.fleet.metrics import gpu_pcie_traffic, hca_traffic, host_traffic
 from gridwatch.console.fleet.node import (
     CheckVerdict,
     NodeState,
@@ -37,19 +39,42 @@ from gridwatch.playbooks.durations import format_duration
 from gridwatch.playbooks.history import LEMON_AT, TrackRecord
 from gridwatch.wire.protocol import AgentAction, IbPortSample
 
-SPARK = 16
-GPU_COLUMNS = [
-    Column("gpu", "GPU", 3, "right"),
-    Column("name", "NAME", 18),
-    Column("util", "UTIL %", 5 + SPARK),
-    Column("temp", "TEMP °C", 5 + SPARK),
-    Column("power", "POWER W", 5 + SPARK),
-    Column("mem", "MEM %", 5 + SPARK),
-    Column("throttle", "THROTTLE", 16),
-    Column("ecc", "ECC s/d", 7),
-    Column("xid", "XID", 4, "right"),
-    Column("state", "STATE", 6),
-]
+SPARK = 16  # the widest a GPU metric's sparkline is drawn; narrower (to none) where the screen is narrower
+_METRICS = (("util", "UTIL %"), ("temp", "TEMP °C"), ("power", "POWER W"), ("mem", "MEM %"))
+UNKNOWN = "-"  # a clock or rate the GPU's NVML does not give
+
+
+def gpu_columns(spark: int) -> list[Column]:
+    """The per-GPU table with sparklines ``spark`` cells wide (0: values only).
+
+    What says a GPU is bad (state, XIDs, ECC, throttling) comes first, as in the fleet table: a narrow
+    screen scrolls the metrics off to the right (arrows), never those.
+    """
+    def metric(key: str, title: str) -> Column:
+        return Column(key, title, max(cell_len(title), 4 + (spark + 1 if spark else 0)), "left" if spark else "right")
+
+    return [
+        Column("gpu", "GPU", 3, "right"),
+        Column("name", "NAME", 18, min_width=8),
+        Column("state", "STATE", 6),
+        Column("xid", "XID", 4, "right"),
+        Column("ecc", "ECC s/d", 7),
+        Column("throttle", "THROTTLE", 16, min_width=8),
+        *(metric(key, title) for key, title in _METRICS),
+        Column("clock", "SM/MEM MHz", 10, "right"),
+        Column("pcie", "PCIE RX/TX", 11, "right"),
+        Column("nvlink", "NVLINK RX/TX", 13, "right"),
+    ]
+
+
+def spark_width(width: int) -> int:
+    """The widest sparkline (up to SPARK) with which every GPU column fits in ``width`` cells at its full width."""
+    for spark in range(SPARK, 0, -1):
+        if sum(c.width + 1 for c in gpu_columns(spark)) <= width:
+            return spark
+    return 0
+
+
 PROCESS_COLUMNS = [
     Column("gpu", "GPU", 3, "right"),
     Column("pid", "PID", 8, "right"),
@@ -80,6 +105,8 @@ _HOT = Style(color="yellow", bold=True)  # hot is a warning; red is for what is 
 HOT_C = 85  # a GPU this hot (°C) is marked hot
 _GOOD = Style(color="green")
 _MUTED = Style(color="grey50")
+# Host lines: label 8, value 9, sparkline, " (ib 400.0G)" 12 within the host pane (70, less padding and scrollbar).
+HOST_SPARK = 36
 
 
 def clock_time(ts: float) -> str:
@@ -87,9 +114,24 @@ def clock_time(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
 
 
-def _value_spark(now: float | None, series: list[float], fmt: str, lo: float | None, hi: float | None) -> str:
+def _value_spark(now: float | None, series: list[float], fmt: str, lo: float | None, hi: float | None,
+                 spark: int = SPARK) -> str:
     value = "N/A" if now is None else format(now, fmt)
-    return f"{value:>4} " + sparkline(series, SPARK, lo, hi)
+    return (f"{value:>4} " + sparkline(series, spark, lo, hi)) if spark else value
+
+
+def format_clocks(sm_mhz: float | None, mem_mhz: float | None) -> str:
+    """SM and memory clocks as ``1980/2619`` (MHz, the column says so); ``-`` for one NVML does not give."""
+    if sm_mhz is None and mem_mhz is None:
+        return UNKNOWN
+    return "/".join(UNKNOWN if v is None else f"{v:.0f}" for v in (sm_mhz, mem_mhz))
+
+
+def format_pair(rx: float | None, tx: float | None) -> str:
+    """Received/sent bytes per second as ``12.3G/4.5G``; ``-`` for a direction NVML does not give."""
+    if rx is None and tx is None:
+        return UNKNOWN
+    return "/".join(UNKNOWN if v is None else format_rate(v) for v in (rx, tx))
 
 
 def squeeze(values: list[float], width: int) -> list[float]:
@@ -103,8 +145,11 @@ def squeeze(values: list[float], width: int) -> list[float]:
     return out
 
 
-def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list[list[Cell]], list[str]]:
-    """Per-GPU rows; the sparklines show ``history`` (the past hour or day from Prometheus) when given."""
+def gpu_cells(node: NodeState, history: NodeHistory | None = None, spark: int = SPARK) -> tuple[list[list[Cell]], list[str]]:
+    """Per-GPU rows in :func:`gpu_columns` order, sparklines ``spark`` wide.
+
+    The sparklines show ``history`` (the past hour or day from Prometheus) when given.
+    """
     rows: list[list[Cell]] = []
     keys: list[str] = []
     sample = node.sample
@@ -124,14 +169,18 @@ def gpu_cells(node: NodeState, history: NodeHistory | None = None) -> tuple[list
         rows.append([
             (str(gpu.index), None),
             (names.get(gpu.index, "?"), None),
-            (_value_spark(gpu.util, series(GPU_UTIL), ".0f", 0, 100), None),
-            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95), _HOT if (gpu.temp_c or 0) >= HOT_C else None),
-            (_value_spark(gpu.power_w, series(GPU_POWER), ".0f", 0, None), None),
-            (_value_spark(mem, series(GPU_MEM), ".0f", 0, 100), None),
-            (",".join(str(t) for t in gpu.throttle), Style(color="yellow") if gpu.throttle else None),
-            (f"{sbe}/{dbe}", _BAD if (gpu.ecc_dbe or 0) > 0 else None),
-            (str(xids), _BAD if xids else None),
             (str(gpu.state), _BAD if gpu.state != "ok" else None),
+            (str(xids), _BAD if xids else None),
+            (f"{sbe}/{dbe}", _BAD if (gpu.ecc_dbe or 0) > 0 else None),
+            (",".join(str(t) for t in gpu.throttle), Style(color="yellow") if gpu.throttle else None),
+            (_value_spark(gpu.util, series(GPU_UTIL), ".0f", 0, 100, spark), None),
+            (_value_spark(gpu.temp_c, series(GPU_TEMP), ".0f", 20, 95, spark),
+             _HOT if (gpu.temp_c or 0) >= HOT_C else None),
+            (_value_spark(gpu.power_w, series(GPU_POWER), ".0f", 0, None, spark), None),
+            (_value_spark(mem, series(GPU_MEM), ".0f", 0, 100, spark), None),
+            (format_clocks(gpu.sm_clock_mhz, gpu.mem_clock_mhz), None),
+            (format_pair(*gpu_pcie_traffic(gpu)), None),
+            (format_pair(gpu.nvlink_rx_bps, gpu.nvlink_tx_bps), None),
         ])
         keys.append(str(gpu.index))
     return rows, keys
@@ -174,22 +223,25 @@ def host_text(node: NodeState) -> Text:
     host = node.sample.host if node.sample else None
     text = Text()
 
-    def line(label: str, now: str, series: list[float], lo: float | None, hi: float | None) -> None:
+    def line(label: str, now: str, series: list[float], lo: float | None, hi: float | None, ib: str = "") -> None:
         text.append(f"{label:<8}", style="bold")
         text.append(f"{now:>8} ")
-        text.append(sparkline(series, 48, lo, hi), style="cyan")
+        text.append(sparkline(series, HOST_SPARK, lo, hi), style="cyan")
+        if ib:
+            text.append(f" (ib {ib})")
         text.append("\n")
 
     cpu = "N/A" if host is None or host.cpu_percent is None else f"{host.cpu_percent:.0f}%"
     mem = "N/A"
     if host is not None and host.mem_used_mb is not None and host.mem_total_mb:
         mem = f"{100 * host.mem_used_mb / host.mem_total_mb:.0f}%"
-    rx = sum(n.rx_bps for n in host.nics) if host and host.nics else None
-    tx = sum(n.tx_bps for n in host.nics) if host and host.nics else None
+    # The fleet's definition: NICs and HCA ports, so RDMA traffic does not read 0 B; the HCAs' share said beside it.
+    rx, tx = host_traffic(host) if host is not None else (None, None)
+    ib_rx, ib_tx = hca_traffic(host) if host is not None else (None, None)
     line("cpu", cpu, hist.series(HOST_CPU), 0, 100)
     line("memory", mem, hist.series(HOST_MEM), 0, 100)
-    line("nic rx", format_rate(rx), hist.series(HOST_RX), 0, None)
-    line("nic tx", format_rate(tx), hist.series(HOST_TX), 0, None)
+    line("net rx", format_rate(rx), hist.series(HOST_RX), 0, None, "" if ib_rx is None else format_rate(ib_rx))
+    line("net tx", format_rate(tx), hist.series(HOST_TX), 0, None, "" if ib_tx is None else format_rate(ib_tx))
     if host is not None and host.load1 is not None:
         text.append(f"load    {host.load1:.2f} {host.load5 or 0:.2f} {host.load15 or 0:.2f}\n")
     agent = node.sample.agent if node.sample else None
@@ -329,9 +381,10 @@ class NodeScreen(ViewScreen):
         super().__init__()
         self.node_name = node_name
         self.window = HistoryWindow.LIVE  # what the GPU sparklines show: live samples, or Prometheus's past
+        self.spark = SPARK  # the GPU table's sparkline width, fitted to the screen's
 
     def compose_view(self) -> ComposeResult:
-        yield TextTable(GPU_COLUMNS, id="gpu-table")
+        yield TextTable(gpu_columns(self.spark), id="gpu-table")
         procs = TextTable(PROCESS_COLUMNS, id="gpu-procs")
         procs.display = False  # shown once the node reports a process (its agent reads NVML's list)
         yield procs
@@ -389,8 +442,10 @@ class NodeScreen(ViewScreen):
             parts.append(("  " + error, "red"))
         history = self._history_part(parts)
         self.set_title(*parts)
-        rows, keys = gpu_cells(node, history)
-        self.query_one("#gpu-table", TextTable).set_rows(rows, keys)
+        table = self.query_one("#gpu-table", TextTable)
+        self._fit_gpu_columns(table)
+        rows, keys = gpu_cells(node, history, self.spark)
+        table.set_rows(rows, keys)
         rows, keys = process_cells(node)
         procs = self.query_one("#gpu-procs", TextTable)
         procs.display = bool(rows)
@@ -413,6 +468,18 @@ class NodeScreen(ViewScreen):
                              (str(r.line.line), None)] for r in logs], [str(r.seq) for r in logs])
         if follow and logs:
             log_table.cursor = len(logs) - 1
+
+    def _fit_gpu_columns(self, table: TextTable) -> None:
+        """Sparklines as wide as the table has room for: every column in view down to about 120 cells."""
+        width = table.scrollable_content_region.width or self.size.width
+        spark = spark_width(width)
+        if spark != self.spark:
+            self.spark = spark
+            table.set_columns(gpu_columns(spark))
+
+    def on_resize(self) -> None:
+        # The table has its new width once laid out: fit its columns then, and redraw their cells.
+        self.call_after_refresh(self.tick)
 
     def _refresh_history(self) -> None:
         """The history pane, read again every HISTORY_EVERY seconds; hidden where no incident is recorded."""

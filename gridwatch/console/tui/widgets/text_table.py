@@ -133,6 +133,9 @@ class TextTable(PaintedOnce, can_focus=True):
         Binding("home,g", "jump(0)", "First", show=False),
         Binding("end,G", "jump(-1)", "Last", show=False),
         Binding("enter", "select", "Open", show=False),
+        # A table wider than the screen scrolls a column at a time, not a cell: 40 presses would reach the end.
+        Binding("left", "column(-1)", "Scroll Left", show=False),
+        Binding("right", "column(1)", "Scroll Right", show=False),
     ]
 
     cursor: reactive[int] = reactive(0, always_update=True, repaint=False)
@@ -190,6 +193,15 @@ class TextTable(PaintedOnce, can_focus=True):
             self.set_reactive(TextTable.cursor, keys.index(current))
         else:
             self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
+        self.refresh()
+
+    def set_columns(self, columns: list[Column], keep: int | None = None) -> None:
+        """Lay the table out with other columns (a view that fits its columns to its width); rows must match them."""
+        self.columns = columns
+        self.keep = len(columns) if keep is None else keep
+        self._widths = None
+        self._formatted = {}
+        self.virtual_size = Size(sum(w + 1 for w in self.widths), len(self.rows) + 1)
         self.refresh()
 
     def limit_width(self, key: str, cells: int) -> None:
@@ -267,6 +279,20 @@ class TextTable(PaintedOnce, can_focus=True):
 
     def action_jump(self, where: int) -> None:
         self.cursor = 0 if where == 0 else len(self.rows) - 1
+
+    def action_column(self, direction: int) -> None:
+        """Scroll sideways so that the next (or previous) column starts at the left edge."""
+        starts, x = [], 0
+        for width in self.widths:
+            starts.append(x)
+            x += width + 1
+        now = round(self.scroll_x)
+        if direction > 0:
+            target = next((s for s in starts if s > now), now)
+            target = min(target, round(self.max_scroll_x))
+        else:
+            target = max((s for s in starts if s < now), default=0)
+        self.scroll_to(x=target, animate=False, immediate=True)
 
     def action_select(self) -> None:
         key = self.cursor_key
