@@ -59,3 +59,30 @@ def test_global_batch_is_the_same_for_any_world_size() -> None:
     for world in (1, 2, 3, 4):
         slots = [s for r in range(world) for s in my_slots(r, world, 6)]
         assert sorted(slots) == list(range(6)), "every micro-batch computed exactly once"
+
+
+def test_a_slow_node_is_told_once_per_episode_and_one_off_slow_steps_never() -> None:
+    from gridwatch.trainer.guards import StragglerEpisodes
+
+    clock = FakeClock()
+    episodes = StragglerEpisodes(clock, min_flags=5, min_span_s=120.0, rest_steps=50)
+    told = []
+    # One-off slow steps minutes apart (a GC pause, a checkpoint, a busy machine): never an episode.
+    for step in range(0, 600):
+        clock.now += 1.0
+        told += episodes.update(step, {"node4": 3.5} if step % 97 == 0 else {})
+    assert told == []
+    # node2 slow on most steps for minutes: told once, when the slowness has lasted two minutes.
+    for step in range(600, 900):
+        clock.now += 1.0
+        told += episodes.update(step, {"node2": 4.0} if step % 3 else {})
+    assert [(e.node, e.told) for e in told] == [("node2", True)]
+    assert 120.0 <= told[0].span_s < 125.0 and told[0].flagged >= 5 and told[0].ratio == 4.0
+    # At pace for a while, then slow again: a new episode, told again.
+    for step in range(900, 960):
+        clock.now += 1.0
+        told += episodes.update(step, {})
+    for step in range(960, 1200):
+        clock.now += 1.0
+        told += episodes.update(step, {"node2": 4.0})
+    assert [e.node for e in told] == ["node2", "node2"]

@@ -85,6 +85,11 @@ class TrainConfig(msgspec.Struct, kw_only=True):
     spike_factor: float = 4.0
     straggler_factor: float = 3.0
     straggler_window: int = 20
+    # A straggler episode (told once): this many slow steps, spanning at least this long, half the steps between
+    # its first and last; over after this many steps at pace.
+    straggler_min_steps: int = 5
+    straggler_min_span_s: float = 120.0
+    straggler_rest_steps: int = 50
     progress_deadline_s: float = 15.0
     startup_deadline_s: float = 180.0
     # injected faults, for tests and demos

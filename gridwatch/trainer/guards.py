@@ -7,6 +7,7 @@ import statistics
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 
@@ -53,6 +54,83 @@ class StragglerGuard:
             out = [r for r, t in enumerate(times) if t > self.factor * median and t - median > self.min_excess_s]
         self._recent.extend(t for r, t in enumerate(times) if t > 0 and r not in out)
         return out
+
+
+@dataclass(slots=True)
+class StragglerEpisode:
+    """One node slower than its peers over a window: when it began and how it stands."""
+
+    node: str
+    first_step: int
+    last_step: int
+    flagged: int  # slow steps in the window
+    span_s: float  # from the first slow step in the window to the last
+    ratio: float  # its slowest step in the window against that step's median
+    flags: deque[tuple[float, int, float]] = field(default_factory=deque)  # (time, step, ratio) of each slow step
+    told: bool = False
+    quiet_steps: int = 0  # steps at pace since its last slow one
+
+
+class StragglerEpisodes:
+    """A straggler is a node, not a step: told once when it has been slow for a while, again only after a rest.
+
+    A slow step now and then is noise (a GC pause, a checkpoint write, a busy machine where every rank is
+    late once in a while); a slow node (thermal, a bad NIC, a noisy neighbour) is late on most steps, for
+    minutes. An episode begins once a node was flagged on at least ``min_flags`` steps within ``within_s``,
+    spanning at least ``min_span_s`` (not one burst) and covering at least ``share`` of the steps between
+    its first and last flag (not scattered one-offs); it ends after ``rest_steps`` steps at pace. Runs on
+    the injected ``clock``.
+    """
+
+    def __init__(self, clock: Clock, min_flags: int = 5, within_s: float = 900.0, min_span_s: float = 120.0,
+                 share: float = 0.5, rest_steps: int = 50) -> None:
+        self.clock = clock
+        self.min_flags = max(1, min_flags)
+        self.within_s = within_s
+        self.min_span_s = min_span_s
+        self.share = share
+        self.rest_steps = rest_steps
+        self.episodes: dict[str, StragglerEpisode] = {}
+
+    def update(self, step: int, slow: dict[str, float]) -> list[StragglerEpisode]:
+        """Feed one step: ``slow`` maps each node flagged on it to its step time over the median.
+
+        Returns the episodes that begin with this step (each node once per episode), as they stand now.
+        """
+        now = self.clock()
+        begun: list[StragglerEpisode] = []
+        for node, ratio in slow.items():
+            ep = self.episodes.get(node)
+            if ep is None:
+                ep = self.episodes[node] = StragglerEpisode(node, step, step, 0, 0.0, ratio)
+            ep.flags.append((now, step, ratio))
+            ep.quiet_steps = 0
+        for node, ep in list(self.episodes.items()):
+            if node not in slow:
+                ep.quiet_steps += 1
+                if ep.quiet_steps >= self.rest_steps or (not ep.told and now - ep.flags[-1][0] > self.within_s):
+                    del self.episodes[node]  # at pace again: its next slowness is a new episode
+                continue
+            while ep.flags and now - ep.flags[0][0] > self.within_s:
+                ep.flags.popleft()
+            if not ep.told:
+                # Sparse old flags are not part of a run that is going on now.
+                while len(ep.flags) >= self.min_flags and self._share(ep) < self.share:
+                    ep.flags.popleft()
+            ep.flagged = len(ep.flags)
+            ep.first_step, ep.last_step = ep.flags[0][1], ep.flags[-1][1]
+            ep.span_s = ep.flags[-1][0] - ep.flags[0][0]
+            ep.ratio = max(r for _, _, r in ep.flags)
+            if (not ep.told and ep.flagged >= self.min_flags and ep.span_s >= self.min_span_s
+                    and self._share(ep) >= self.share):
+                ep.told = True
+                begun.append(replace(ep, flags=deque()))  # as it stood when told
+        return begun
+
+    @staticmethod
+    def _share(ep: StragglerEpisode) -> float:
+        steps = [s for _, s, _ in ep.flags]
+        return len(steps) / (max(steps) - min(steps) + 1)
 
 
 class ProgressDeadline:

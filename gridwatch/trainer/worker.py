@@ -17,6 +17,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -36,7 +37,7 @@ from gridwatch.trainer.controls import Controls
 from gridwatch.trainer.corpus import build_corpus
 from gridwatch.trainer.flight import FlightRecorder
 from gridwatch.trainer.group import Membership
-from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerGuard
+from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerEpisodes, StragglerGuard
 from gridwatch.trainer.membership import STORE_ENV
 from gridwatch.trainer.model import ByteGPT, ModelConfig
 from gridwatch.trainer.modes import EXIT_DEADLINE, EXIT_REFORM, CoordinatedMode, GroupMode, TorchrunMode
@@ -96,6 +97,9 @@ class Worker:
         self.step = 0
         self.loss_guard = LossGuard(cfg.spike_factor)
         self.straggler_guard = StragglerGuard(cfg.straggler_factor, cfg.straggler_window)
+        # Kept across re-formations: an episode is about a node, whatever its rank is now.
+        self.straggler_episodes = StragglerEpisodes(time.monotonic, cfg.straggler_min_steps,
+                                                    min_span_s=cfg.straggler_min_span_s, rest_steps=cfg.straggler_rest_steps)
         self.prev_time = 0.0
         self.members: list[str] = [node]
         self.flight = FlightRecorder(node)
@@ -386,13 +390,32 @@ class Worker:
         self.rank_times = [float(t) for t in stats[g_count:]]
         if self.step > 1:
             self.stragglers = self.straggler_guard.check(self.rank_times)
-            for r in self.stragglers:
-                self.event("straggler", f"rank {r} ({self.members[r]}) took {self.rank_times[r]:.3f} s for step {self.step - 1}",
-                           "warning", rank=r, node=self.members[r], step=self.step - 1)
+            self._tell_stragglers()
         if self.rank == 0:
             self._append_metrics({"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": self.grad_norm,
                                   "world_size": self.world, "time": time.time()})
         self.prev_time = time.perf_counter() - t0
+
+    def _tell_stragglers(self) -> None:
+        """A node slow over a window is told once per episode, by that node's own first rank.
+
+        Every rank sees every rank's step time; were each to report each slow step, one slow node would
+        make a line per rank per step. The report comes from the slow node itself: evidence about the node.
+        """
+        median = statistics.median(t for t in self.rank_times if t > 0) if any(t > 0 for t in self.rank_times) else 0.0
+        slow: dict[str, float] = {}
+        for r in self.stragglers:
+            if r < len(self.members) and median > 0:
+                node = self.members[r]
+                slow[node] = max(slow.get(node, 0.0), self.rank_times[r] / median)
+        for ep in self.straggler_episodes.update(self.step - 1, slow):
+            if ep.node != self.node or self.members.index(ep.node) != self.rank:
+                continue
+            self.event("straggler", f"{ep.node} is slower than its peers: {ep.flagged} slow steps of "
+                       f"{ep.last_step - ep.first_step + 1} over {ep.span_s:.0f} s (steps {ep.first_step}-{ep.last_step}, "
+                       f"up to {ep.ratio:.1f}x the median step)", "warning",
+                       rank=self.rank, node=ep.node, step=ep.last_step, first_step=ep.first_step,
+                       flagged=ep.flagged, span_s=f"{ep.span_s:.1f}", ratio=f"{ep.ratio:.2f}")
 
     def _before_step(self) -> None:
         """The device's hook where the step's first collective starts; a node whose GPU is lost may still leave."""
