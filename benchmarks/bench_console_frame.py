@@ -6,7 +6,11 @@ round: today's full samples (the baseline) against summaries of the same samples
 No SSH: what the console spends on a frame once its bytes are in (the SSH side is measured by
 bench_console_scale.py). The minimum of five runs of two rounds each, in CPU µs per frame.
 
-    .venv/bin/python benchmarks/bench_console_frame.py [--nodes 2000]
+    .venv/bin/python benchmarks/bench_console_frame.py [--nodes 2000] [--profile]
+
+``--profile`` adds, for summaries, where a frame's time goes by stage (decode, store, goodput,
+engine, the rest of ``on_frame``, GC), timed with perf_counter_ns around each stage in one more
+measured pass; the timers' own cost is in the "rest" line and makes the total a little higher.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from frame_stages import print_stages, stage_profile  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=4, help="distinct rounds of frames prepared per node")
+    ap.add_argument("--profile", action="store_true", help="print a per-stage table for summaries")
     args = ap.parse_args()
 
     from loguru import logger
@@ -58,13 +67,17 @@ def main() -> int:
         full.append(row_full)
         summary.append(row_summary)
 
-    def per_frame(rows: list[list[bytes]]) -> float:
+    def fresh() -> tuple[Any, list[SimpleNamespace]]:
         runtime = build_runtime(RuntimeOptions(endpoints=[], key_path=str(tmp / "k"), known_hosts=str(tmp / "kh"),
                                                db_path=":memory:", acting=False), clock=clock)
         links = [SimpleNamespace(endpoint=n, name=n) for n in names]
         for i, name in enumerate(names):
             runtime.store.set_link(name, "connected", name=name)
             runtime.on_frame(links[i], p.Hello(node=p.Text(name), interval=1.0, gpus=hello_gpus, ts=clock.now()))
+        return runtime, links
+
+    def per_frame(rows: list[list[bytes]]) -> float:
+        runtime, links = fresh()
         best = float("inf")
         for run in range(6):
             t0 = time.process_time()
@@ -81,6 +94,9 @@ def main() -> int:
     f, s = per_frame(full), per_frame(summary)
     print(f"  baseline, full samples: {f:.1f} µs CPU per frame (decode + store + engine + goodput)")
     print(f"  summaries:              {s:.1f} µs CPU per frame; ratio summary/full {s / f:.2f}")
+    if args.profile:
+        runtime, links = fresh()
+        print_stages(stage_profile(runtime, links, summary, clock.advance, p.decode_agent_frame), s)
     return 0
 
 

@@ -23,7 +23,13 @@ Part 2, in one process: the fleet view's redraw (tick and paint) with
 node between ticks, in the heatmap's two zooms and two sorts.
 
     .venv/bin/python benchmarks/bench_console_scale.py [--agents 2500] [--seconds 30] [--summary-every auto] [--redraw-nodes 12500]
-        [--modes summary,relayed] [--relays 5]
+        [--modes summary,relayed] [--relays 5] [--profile]
+
+``--profile`` samples each console and each relay over the window with py-spy (.venv/bin/py-spy; the
+console samples itself, the bench samples the relays) and prints beside the figures where the time went by
+stage (benchmarks/profile_stages.py): SSH read and decrypt, framing, decode, the relay envelope, store,
+engine, goodput, Textual, logging, GC, with each stage's share of the µs per summary received (per frame
+carried, for a relay). Sampling costs the sampled process nothing; py-spy's own CPU is on the same cores.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from measure import ROOT, stop_all  # noqa: E402
+from profile_stages import read_raw, table  # noqa: E402
 
 PER_PROCESS = 250
 # The consoles, in the order they are measured: direct links on summaries, the same through relays, every sample whole.
@@ -337,6 +344,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
         for c in consoles.values() if profiling else ():
             _ask(c, "profile")
         relay_cpu0 = [r.cpu() for r in relays]
+        spies = _spy_on(relays, tmp)
         for proc in swarm:
             _ask(proc, "resume")
         started = time.monotonic()
@@ -353,6 +361,9 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
         relay_cpu = [r.cpu() - c0 for r, c0 in zip(relays, relay_cpu0)]
         for c in consoles.values() if profiling else ():
             _ask(c, "profile")
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait()
         window = time.monotonic() - started
         sent1, ticks = pause(swarm)
         after = settled(consoles)
@@ -401,7 +412,25 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
                  "forwarded": fw}
                 for r, cpu, rss, fw in zip(relays, relay_cpu, relay_rss, forwarded)]
             out[mode]["relays_cpu_s"] = sum(relay_cpu)
+            for i, rl in enumerate(out[mode]["relays"]):
+                rl["stages"] = _stages(tmp / f"relay{i + 1}.pyspy")
+        out[mode]["stages"] = _stages(Path(f"{os.environ.get('GRIDWATCH_BENCH_PYSPY', ':').partition(':')[2]}.{mode}"))
     return out
+
+
+def _spy_on(relays: list[Relay], tmp: Path) -> list[subprocess.Popen]:
+    """py-spy recording each relay over the window, with --profile."""
+    spy = os.environ.get("GRIDWATCH_BENCH_PYSPY", "").partition(":")[0]
+    if not spy:
+        return []
+    return [subprocess.Popen([spy, "record", "--pid", str(r.proc.pid), "-r", "200", "--native", "-f", "raw",
+                              "-o", str(tmp / f"relay{i + 1}.pyspy")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i, r in enumerate(relays)]
+
+
+def _stages(path: Path) -> Any:
+    """Samples per stage from a py-spy raw file; None without one (no --profile, or py-spy wrote nothing)."""
+    return read_raw(path.read_text().splitlines()) if path.is_file() else None
 
 
 def part1(args: argparse.Namespace) -> dict[str, Any]:
@@ -514,6 +543,8 @@ def main() -> int:
     ap.add_argument("--redraw-nodes", type=int, default=PROJECT_TO)
     ap.add_argument("--redraw-changed", type=float, default=1.0, metavar="SHARE",
                     help="share of the nodes sent a fresh summary between two redraws (default 1: every node)")
+    ap.add_argument("--profile", action="store_true",
+                    help="sample the consoles and relays with py-spy over the window and print a table by stage")
     ap.add_argument("--skip-ssh", action="store_true", help="part 2 only")
     ap.add_argument("--skip-redraw", action="store_true", help="part 1 only")
     ap.add_argument("--serve-console", choices=MODES, help=argparse.SUPPRESS)
@@ -544,6 +575,12 @@ def main() -> int:
         from gridwatch.console.runtime.config import parse_summary_every
 
         parse_summary_every(args.summary_every)  # a bad value fails here, not in a console started later
+        if args.profile:
+            spy = Path(sys.executable).parent / "py-spy"
+            if not spy.is_file():
+                print(f"--profile needs py-spy beside the interpreter ({spy})", file=sys.stderr)
+                return 2
+            os.environ["GRIDWATCH_BENCH_PYSPY"] = f"{spy}:{tempfile.mkdtemp(prefix='gw-profile-')}/console"
         r = part1(args)
         how = "at once" if args.together else "one after the other"
         print(f"{args.agents} agents x 8 simulated GPUs in {-(-args.agents // PER_PROCESS)} swarm processes"
@@ -571,6 +608,10 @@ def main() -> int:
                   f"redraw median {m['redraw_ms'] or 0:.1f} ms CPU")
             print("           of it the garbage collector: " + ", ".join(
                 f"gen {g} {m['gc_per_s'][g]:.1f}/s {m['gc_us_per_node_s'][g]:.1f} us" for g in range(3)))
+            if m.get("stages") is not None and m["summaries_per_node_s"]:
+                per = m["us_per_node_s"] / m["summaries_per_node_s"]
+                print(f"           {per:.1f} us CPU per summary received; by stage (py-spy samples):")
+                print("\n".join("       " + row for row in table(m["stages"], per, "us/summary")))
             for rl in m.get("relays", ()):
                 print(f"           relay {rl['address']} ({rl['state']}): {rl['nodes']} nodes, {rl['us_per_node_s']:.1f} us "
                       f"CPU per node carried per second ({rl['core_pct']:.1f} % of a core), RSS {rl['rss_mb']:.0f} MB; "
@@ -578,6 +619,10 @@ def main() -> int:
                       + ("" if rl["forwarded"] is None else f"; over its life {rl['forwarded'][0]} frames forwarded "
                          f"in {rl['forwarded'][1]} writes ({rl['forwarded'][0] / max(rl['forwarded'][1], 1):.1f} a write; "
                          "a link's change of state is a write of its own, the bench's pauses make two per node)"))
+                if rl.get("stages") is not None and rl["lines"]:
+                    per = 1e6 * rl["core_pct"] / 100 * m["window_s"] / rl["lines"]
+                    print(f"             {per:.1f} us CPU per frame carried; by stage (py-spy samples):")
+                    print("\n".join("         " + row for row in table(rl["stages"], per, "us/frame")))
             if "relays" in m:
                 carried = sum(rl["nodes"] for rl in m["relays"])
                 print(f"           relays together: {1e6 * m['relays_cpu_s'] / m['window_s'] / carried:.1f} us CPU per node "

@@ -325,10 +325,12 @@ class Engine(Matching, Planning):
         if node.lost:
             node.lost = False
             self._live.clear()
-        for incident in self._open_on(name):
-            if incident.kind == "heartbeat_lost" and incident.recovered_at is None:
-                incident.recovered_at = now
-                incident.notes.append(f"{now:.3f} recovered: {name} is sending frames again")
-        for pb, _ in self._heartbeat_books():
-            self._latched.discard((pb.name, name, "heartbeat"))
+        if self._on_node.get(name):  # most nodes have no incident open: no list is made for them
+            for incident in self._open_on(name):
+                if incident.kind == "heartbeat_lost" and incident.recovered_at is None:
+                    incident.recovered_at = now
+                    incident.notes.append(f"{now:.3f} recovered: {name} is sending frames again")
+        if self._latched:
+            for pb, _ in self._heartbeat_books():
+                self._latched.discard((pb.name, name, "heartbeat"))
         return node

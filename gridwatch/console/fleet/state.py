@@ -168,18 +168,22 @@ class StateStore:
 
     def apply(self, frame: Frame, key: str | None = None) -> None:
         """Take one frame from a node. ``key`` names the connection; it defaults to the frame's node."""
-        node = self.node(key or str(frame.node), str(frame.node) or None)
+        # A known connection is one lookup: the frame's name is read only for a node seen the first time.
+        node = self.nodes.get(key) if key else None
+        if node is None:
+            node = self.node(key or str(frame.node), str(frame.node) or None)
         self._touch(node, framed=True)
         now = self.clock.now()
         node.last_frame_at = now
         self.generation += 1
-        if isinstance(frame, Sample):
+        if isinstance(frame, Summary):  # the common frame at scale: asked first
+            # Read as a sample (what it lacks is N/A); its cadence sets when the node counts as stale.
+            hello = node.hello
+            node.interval = max(hello.interval if hello and hello.interval > 0 else 1.0, frame.every)
+            self._apply_sample(node, frame, now)
+        elif isinstance(frame, Sample):
             if node.hello is not None and node.hello.interval > 0:
                 node.interval = node.hello.interval  # back from summaries: one a tick again
-            self._apply_sample(node, frame, now)
-        elif isinstance(frame, Summary):
-            # Read as a sample (what it lacks is N/A); its cadence sets when the node counts as stale.
-            node.interval = max(node.hello.interval if node.hello and node.hello.interval > 0 else 1.0, frame.every)
             self._apply_sample(node, frame, now)
         elif isinstance(frame, Event):
             self._apply_event(node, frame, now)
@@ -243,7 +247,8 @@ class StateStore:
         node.agg = None  # summed when a view first reads it: most nodes' rows are never drawn
         node.last_sample_at = now
         node.isolated = sample.isolated
-        self._patrol_from_sample(node, sample.patrol_failing, now)
+        if sample.patrol_failing is not None:
+            self._patrol_from_sample(node, sample.patrol_failing, now)
         mem_pct = 100.0 * used / total if used is not None and total else None
         node.history = node.history.push((cpu, mem_pct, rx, tx), sample.gpus)
         trainer = sample.trainer

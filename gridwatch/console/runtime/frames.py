@@ -20,25 +20,31 @@ class Observing(Launching):
     def on_frame(self, link: Any, frame: Frame) -> None:
         key = str(link.endpoint)
         self.store.apply(frame, key)
-        if isinstance(frame, (Sample, Summary)) and frame.trainer is not None:
-            self.goodput.observe(key, frame.trainer, len(frame.gpus))
-        if self.engine is not None:
-            symptom = isinstance(frame, (Event, LogLine))
-            before = self.engine.clock.now() if symptom else 0.0
+        reading = False
+        if isinstance(frame, (Summary, Sample)):
+            reading = True
+            if frame.trainer is not None:
+                self.goodput.observe(key, frame.trainer, len(frame.gpus))
+        engine = self.engine
+        if engine is not None:
+            symptom = not reading and isinstance(frame, (Event, LogLine))
+            before = engine.clock.now() if symptom else 0.0
             try:
-                plans = self.engine.observe(key, frame)
+                plans = engine.observe(key, frame)
             except Exception:  # noqa: BLE001 - one bad frame must not stop the stream
                 logger.bind(node=key).exception("playbook engine failed on a frame")
                 plans = []
             if symptom:
                 # The fault's own time: a trainer told gone after its grace began to fail when it went silent.
                 ts = fault_time(frame) if isinstance(frame, Event) else frame.ts
-                self._symptoms.append((before, self.engine.clock.now(), ts))
+                self._symptoms.append((before, engine.clock.now(), ts))
                 self.hangs.on_frame(str(frame.node) or str(link.name), frame)
             if plans:
                 self._launch(plans)
-        for hook in self.hooks.frame:
-            hook(link, frame)
+        hooks = self.hooks.frame
+        if hooks:
+            for hook in hooks:
+                hook(link, frame)
 
     def on_status(self, link: Any) -> None:
         hello_name = str(link.hello.node) if getattr(link, "hello", None) is not None else None
