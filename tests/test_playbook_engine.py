@@ -391,6 +391,31 @@ def test_the_worker_an_application_xid_kills_is_that_xids_incident_not_a_second_
     assert [p.incident.playbook for p in engine.observe("node2", restarted)] == ["trainer-restarted"]
 
 
+def test_a_worker_that_died_while_its_node_was_out_joins_that_fault_even_after_its_incident_closed() -> None:
+    # XID 79 takes node2 out; its worker dies while out, and torchrun's new life tells of it only after the
+    # node was fixed and its incident resolved. The death (fault_at) came while that fault's incident stood.
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    (plan,) = [p for p in engine.observe("node2", Event(node="node2", kind="xid", code=79, gpu=0, severity="critical",
+                                                        message="GPU has fallen off the bus"))
+               if p.incident.playbook == "xid-hardware"]
+    clock.advance(25.0)
+    died_at = clock.now() - 3.0
+    clock.advance(2.0)
+    assert engine.resolve(plan.incident.id)
+    clock.advance(5.0)
+    restarted = Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
+                      details={"fault_at": f"{died_at:.3f}"})
+    assert engine.observe("node2", restarted) == []
+    assert any("consequence" in note for note in plan.incident.notes)
+    # A death after the incident closed is the node's own new fault.
+    clock.advance(10.0)
+    later = Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
+                  details={"fault_at": f"{clock.now() - 1.0:.3f}"})
+    assert [p.incident.playbook for p in engine.observe("node2", later)] == ["trainer-restarted"]
+
+
 def test_consequence_of_names_real_event_kinds() -> None:
     _, errors = check_text("name: x\nconsequence_of: {events: [xid, xdi]}\ntrigger: {event: trainer_restarted}\n"
                            "plan: [notify]\n", "test.yaml")

@@ -142,7 +142,12 @@ class AgentBase:
     def publish(self, frame: p.Frame) -> int:
         """Number, stamp, store and announce one stream frame."""
         frame.seq = self.ring.last_seq + 1
-        frame.ts = self.clock()
+        now = self.clock()
+        if isinstance(frame, p.Event) and 0 < frame.ts < now and p.FAULT_AT not in frame.details:
+            # The source's own time of it (NVML's event, the kernel's stamp) is when the fault was seen, not
+            # this tick: kept, so the console counts detection from it.
+            frame.details = {**frame.details, p.Text(p.FAULT_AT): p.Text(f"{frame.ts:.3f}")}
+        frame.ts = now
         frame.node = self.node
         self.ring.append(p.encode(frame))
         for client in self.clients:

@@ -21,7 +21,7 @@ from gridwatch.playbooks.guards import GuardLedger
 from gridwatch.playbooks.history import FleetHistory
 from gridwatch.playbooks.model import REMOVING_STEPS, ConditionTrigger, Playbook
 from gridwatch.playbooks.plans import Incident, Plan
-from gridwatch.wire.protocol import SchedulerJob, severity_rank
+from gridwatch.wire.protocol import FAULT_AT, SchedulerJob, severity_rank
 
 if TYPE_CHECKING:
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
@@ -86,6 +86,15 @@ class _Symptom:
     details: dict[str, str] = field(default_factory=dict)
     ident: str = ""  # the identity of the frame behind it (see Engine._identity)
     code: int | None = None  # the XID code, for the repeat rule (same XID, same scope)
+
+
+def _began(details: dict[str, str], now: float) -> float:
+    """A symptom's ``fault_at`` detail (the node's time its fault began) when it is a time before now."""
+    try:
+        at = float(details.get(FAULT_AT, ""))
+    except ValueError:
+        return now
+    return at if 0 < at <= now else now
 
 
 class EngineCore:
@@ -266,7 +275,7 @@ class EngineCore:
         if why:
             incident.notes.append(f"{now:.3f} {why}")
 
-    def _consequence(self, pb: Playbook, node: str, now: float) -> Incident | None:
+    def _consequence(self, pb: Playbook, node: str, now: float, symptom_details: dict[str, str]) -> Incident | None:
         """The recent incident on ``node`` whose fault this symptom follows from (``consequence_of``), if any.
 
         An application XID kills the worker that caused it; its restart is the same fault told again,
@@ -275,13 +284,22 @@ class EngineCore:
         if not pb.consequence_of:
             return None
         kinds = set(pb.consequence_of)
-        causes = [i for i in self._open_on(node) if i.playbook != pb.name and now - i.opened_at <= pb.consequence_within
+        # When the symptom began, on the node's clock: a worker that died while its node was out is told
+        # only when torchrun has started it again, by which time the fault's incident may be closed.
+        began = _began(symptom_details, now)
+        candidates = list(self._open_on(node))
+        for closed in reversed(self._closed):  # in the order they closed: only the recent ones can be it
+            if closed.closed_at is None or closed.closed_at < began:
+                break
+            if closed.node == node and closed.state != "merged":
+                candidates.append(closed)
+        causes = [i for i in candidates if i.playbook != pb.name and 0 <= began - i.opened_at <= pb.consequence_within
                   and kinds & set(i.kind.split("/"))]
         return max(causes, key=lambda i: i.opened_at) if causes else None
 
     def _symptom(self, pb: Playbook, symptom: _Symptom, now: float) -> list[Plan]:
         target = self._target(pb, symptom) or symptom.node
-        follows = self._consequence(pb, target, now)
+        follows = self._consequence(pb, target, now, symptom.details)
         if follows is not None:
             self._merge(follows, symptom, now, f"then {pb.name}: {symptom.summary} (a consequence of this fault)")
             return []

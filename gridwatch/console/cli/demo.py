@@ -13,6 +13,7 @@ from gridwatch.playbooks.model import SCHEDULERS
 from gridwatch.wire.exitcodes import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:  # imported when a demo starts, so that --help stays light
+    from gridwatch.console.demo.chaos import ScriptedFault
     from gridwatch.console.demo.session import DemoOptions, DemoSession
 
 # The agent's fault kinds (gridwatch.agent.actions.FAULT_KINDS), listed here so --help needs no agent import.
@@ -36,6 +37,15 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _fault_arg(text: str) -> ScriptedFault:
+    from gridwatch.console.demo.chaos import parse_fault
+
+    try:
+        return parse_fault(text, FAULT_KINDS)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo", help="run a cluster in a box: agents, a trainer, the playbooks and the console",
@@ -51,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--chaos", action="store_true", help="inject random faults from the simulated catalogue")
     demo.add_argument("--fault-every", type=_positive, default=60.0, metavar="S",
                       help="with --chaos: about one fault every S seconds (default 60)")
+    demo.add_argument("--fault", type=_fault_arg, action="append", default=[], metavar="NODE:KIND[:CODE]@S",
+                      help="a drill: inject this fault S seconds in (repeatable), e.g. node-2:xid:79@20 "
+                      "node-1:trainer-crash@60; append /GPU for another GPU than 0")
+    demo.add_argument("--repair-after", type=_positive, default=40.0, metavar="S",
+                      help="with --chaos or --fault: a faulted node is fixed and returned after S seconds (default 40)")
     demo.add_argument("--seed", type=int, help="seed of the chaos choices")
     demo.add_argument("--interval", type=_positive, default=1.0, metavar="S", help="agents' sample interval (default 1)")
     demo.add_argument("--no-trainer", action="store_true", help="run agents and console only")
@@ -103,9 +118,15 @@ def _demo(args: argparse.Namespace) -> int:
         cluster=ClusterOptions(nodes=args.nodes, gpus=args.gpus, interval=args.interval, trainer=not args.no_trainer,
                                trainer_args=list(args.train_arg)),
         directory=args.dir, chaos_every=args.fault_every if args.chaos else None, seed=args.seed,
+        faults=tuple(args.fault), repair_after=args.repair_after,
         skip_playbooks=tuple(args.skip_playbook), act=not args.watch_only, scheduler=args.scheduler,
         etcd=tuple(args.etcd), summary_every=args.summary_every,
     )
+    unknown = sorted({f.node for f in args.fault} - {f"node-{i}" for i in range(1, args.nodes + 1)})
+    if unknown:
+        print(f"gridwatch demo: --fault: no node {', '.join(unknown)} in a demo of node-1 ... node-{args.nodes}",
+              file=sys.stderr)
+        return EXIT_ERROR
     if any(not u.startswith(("http://", "https://")) for u in args.etcd):
         print(f"gridwatch demo: --etcd: expected an http(s) URL, got {' '.join(args.etcd)!r}", file=sys.stderr)
         return EXIT_ERROR

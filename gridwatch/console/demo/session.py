@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from gridwatch.console.demo.chaos import Chaos, FaultSpec
+from gridwatch.console.demo.chaos import Chaos, FaultSpec, ScriptedFault, run_script
 from gridwatch.console.demo.cluster import Cluster, ClusterOptions
 from gridwatch.console.demo.progress import TrainingWatch
 from gridwatch.console.demo.summary import DemoSummary, FaultRecord, IncidentFacts, summarize
+from gridwatch.console.demo.trust import TrustLedger
 from gridwatch.console.runtime.core import ConsoleRuntime
 from gridwatch.wire import protocol as p
 
@@ -38,7 +39,8 @@ class DemoOptions:
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
     directory: str | None = None  # default: a new temporary directory, removed afterwards
     chaos_every: float | None = None
-    repair_after: float = 40.0  # chaos: a node taken out comes back after this long
+    repair_after: float = 40.0  # chaos or a drill: a node taken out comes back after this long
+    faults: tuple[ScriptedFault, ...] = ()  # a drill: these faults at these times (--fault)
     seed: int | None = None
     tick_interval: float = 0.5
     skip_playbooks: tuple[str, ...] = ()  # shipped playbooks left out, by name
@@ -68,6 +70,7 @@ class DemoSession:
         self.faults: list[FaultRecord] = []
         self.watch = TrainingWatch(self.dir / "run" / "metrics.jsonl", clock)
         self.started_at = clock()
+        self.trust = TrustLedger(self.started_at)
         self.runtime: ConsoleRuntime | None = None
         self.fleet: Any = None  # the runtime's, once started
         self.store: Any = None  # the runtime's incident store
@@ -126,6 +129,7 @@ class DemoSession:
         self._progress(f"{count} playbooks {mode}; incidents and audit in {self.dir / 'incidents.db'}; "
                        f"watch from another terminal: gridwatch console --cluster {path} --read-only")
         self.started_at = self.clock()
+        self.trust = TrustLedger(self.started_at)
 
     async def attach(self) -> None:
         """Connect to every agent as operator and start acting (the console does this itself when shown)."""
@@ -142,6 +146,12 @@ class DemoSession:
                           rng=random.Random(self.options.seed))
             self._tasks.append(asyncio.create_task(chaos.run()))
             self._progress(f"chaos: a random fault every ~{self.options.chaos_every:g} s")
+        if self.options.faults:
+            started = self.clock()
+            self._tasks.append(asyncio.create_task(run_script(self.options.faults, self.inject,
+                                                              lambda: self.clock() - started)))
+            self._progress(f"drill: {len(self.options.faults)} faults, the last at "
+                           f"{max(f.after_s for f in self.options.faults):g} s")
 
     async def wait_connected(self, timeout: float = 30.0) -> None:
         deadline = self.clock() + timeout
@@ -171,6 +181,13 @@ class DemoSession:
 
     def _on_action(self, node: str, action: str, result: p.ActionResult) -> None:
         self.say(f"{self._stamp()}   {action} on {node}: {'ok' if result.ok else 'FAILED'} {result.message}")
+        if result.ok and action == p.AgentAction.ISOLATE:
+            self.trust.isolated(node, self.clock(), self._isolated_by(node), self.faults)
+
+    def _isolated_by(self, node: str) -> str:
+        """The playbook whose plan isolates ``node`` now: its newest open incident."""
+        open_here = [i for i in self.engine.incidents() if i.node == node and i.closed_at is None] if self.engine else []
+        return max(open_here, key=lambda i: i.opened_at).playbook if open_here else "a playbook"
 
     def _on_recovered(self, row: Any) -> None:
         detect = "-" if row.detect_s is None else f"{row.detect_s:.1f} s"
@@ -198,12 +215,12 @@ class DemoSession:
         self.say(f"{self._stamp()} fault {spec.label} on {node} gpu {gpu}: {'ok' if result.ok else 'FAILED'} {result.message}")
         if result.ok:
             self._record_fault(FaultRecord(node=node, kind=spec.kind, at=at, code=spec.code, gpu=gpu))
-            if self.options.chaos_every:
+            if self.options.chaos_every or self.options.faults:
                 self._tasks.append(asyncio.create_task(self._repair_later(node)))
         return result
 
     async def _repair_later(self, node: str) -> None:
-        """Chaos only: the technician fixes the node and puts it back, so a long soak keeps its nodes."""
+        """Chaos and drills: the technician fixes the node and puts it back, so a long soak keeps its nodes."""
         await asyncio.sleep(self.options.repair_after)
         if self.cluster.respawn_agent(node):
             self.say(f"{self._stamp()} repair: agent on {node} restarted")
@@ -215,6 +232,7 @@ class DemoSession:
             if not result.ok:
                 self.say(f"{self._stamp()} repair: {action} on {node} FAILED {result.message}")
                 return
+        self.trust.returned(node, self.clock())
         if self.cluster.trainer is not None:
             # Its trainer left the job when it was isolated: start it again; it joins the running job.
             from gridwatch.trainer.launch import LaunchError, request_rejoin
@@ -237,6 +255,10 @@ class DemoSession:
     async def _poll_training(self) -> None:
         while True:
             self.watch.poll()
+            if self.engine is not None:
+                # Who the job counts as its members, as each node still in service last said it.
+                self.trust.check_members({n.name: n.members for n in self.engine.nodes.values()
+                                          if not n.out and not n.lost}, self.clock())
             await asyncio.sleep(0.25)
 
     # --------------------------------------------------------------- report
@@ -255,8 +277,10 @@ class DemoSession:
     def summary(self) -> DemoSummary:
         """What the run did, measured from the injected faults and the trainer's own metrics."""
         self.watch.poll()
-        return summarize(self.faults, self.incident_facts(), self.watch.points, self.started_at, self.clock(),
-                         self._notes)
+        summary = summarize(self.faults, self.incident_facts(), self.watch.points, self.started_at, self.clock(),
+                            self._notes)
+        summary.trust = self.trust.summary()
+        return summary
 
     # --------------------------------------------------------------- close
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gridwatch.console.demo.progress import StepPoint
+from gridwatch.console.demo.trust import TrustSummary
+from gridwatch.console.demo.trust import render as render_trust
 from gridwatch.console.fleet.goodput import Breakdown, TimeUse
 from gridwatch.console.fleet.goodput_tracker import GoodputTracker
 from gridwatch.playbooks.incident_times import time_to_detect, time_to_recover
@@ -94,6 +96,7 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     mttd_s: float | None = None  # mean time to detect, over the console's incidents
     mttr_s: float | None = None  # mean time to recover
     mtbf_s: float | None = None  # the run's wall time over its incidents
+    trust: TrustSummary | None = None  # which nodes were taken out, on what evidence, and whether they stayed out
 
 
 def steps_lost(points: list[StepPoint]) -> int:
@@ -297,5 +300,7 @@ def render(summary: DemoSummary) -> list[str]:
         lines.append(f"where the time went ({gb.wall_s:.0f} s, goodput "
                      f"{'-' if gb.goodput is None else f'{gb.goodput * 100:.1f} %'}): {spent}")
         lines.append(f"MTTD {_s(summary.mttd_s)}, MTTR {_s(summary.mttr_s)}, MTBF {_s(summary.mtbf_s)}")
+    if summary.trust is not None:
+        lines.extend(render_trust(summary.trust))
     lines.extend(f"note: {note}" for note in summary.notes)
     return lines
