@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gridwatch.agent.fencing import Handler, guarded
+from gridwatch.agent.scenes import read_scene
 from gridwatch.agent.sources.ib import simulated as ib
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
@@ -437,7 +438,9 @@ HANDLERS: dict[str, Handler] = {
     p.AgentAction.DUMP_COLLECTIVES: dump_collectives,
     p.AgentAction.RAS_STATUS: ras_status,
     p.AgentAction.PREFLIGHT: preflight,
+    p.AgentAction.READ_SCENE: read_scene,
     **{name: trainer_control for name in TRAINER_CONTROLS},
 }
 # Every action that changes something checks the sender's fencing token and its step key first (agents/fencing.py).
-HANDLERS.update({name: guarded(handler) for name, handler in HANDLERS.items() if name not in p.VIEWER_ACTIONS})
+HANDLERS.update({name: guarded(handler) for name, handler in HANDLERS.items()
+                 if name not in p.VIEWER_ACTIONS | p.READ_ACTIONS})

@@ -114,7 +114,11 @@ class Agent(Ticking, Serving, Searching):
                 return None
             return self._answer(client, self.search(frame, caller.key))
         if isinstance(frame, p.Action):
-            refusal = self._admit(client, caller, "action")
+            # A scene copy is one request: its listing is counted, its chunk reads are not (a 64 MB bundle is
+            # 128 of them, and no budget for people's actions should eat the evidence or be eaten by it).
+            # Only an operator's: a viewer's read is refused anyway, and pays like any request.
+            chunk = frame.action == p.AgentAction.READ_SCENE and "file" in frame.args and caller.role == "operator"
+            refusal = self._admit(client, caller, "action", budgeted=not chunk)
             if refusal is not None:
                 client.reply(self.reply_frame(p.ActionResult(id=frame.id, action=frame.action, ok=False, message=p.Text(refusal))))
                 return None
@@ -138,13 +142,15 @@ class Agent(Ticking, Serving, Searching):
                 ok=False,
                 message=p.Text(f"action {name!r} needs the operator role; this key is a {caller.role}"),
             )
-        self.log.info("action {} {} by {} because {!r}", name, dict(action.args), caller, str(action.reason))
+        # A copy's reads come by the hundred, and the console audits the copy: they log at debug.
+        level = "DEBUG" if name in p.READ_ACTIONS else "INFO"
+        self.log.log(level, "action {} {} by {} because {!r}", name, dict(action.args), caller, str(action.reason))
         try:
             result = await handler(self, caller, action)
         except Exception as exc:  # an action bug is reported to the operator, not fatal to the agent
             self.log.exception("action {} failed", name)
             result = p.ActionResult(id=action.id, action=action.action, ok=False, message=p.Text(f"{name} failed: {exc}"))
-        self.log.info("action {} by {}: {} {}", name, caller, "ok" if result.ok else "FAILED", str(result.message))
+        self.log.log(level, "action {} by {}: {} {}", name, caller, "ok" if result.ok else "FAILED", str(result.message))
         # An action that changed nothing (isolating an isolated node) is not news.
         if name not in p.VIEWER_ACTIONS and result.data.get("changed", True) is not False:
             self.event(

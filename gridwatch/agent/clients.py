@@ -113,11 +113,15 @@ class Serving(AgentBase):
         # A client cannot claim frames that were never sent, nor ones before the first.
         return min(max(resume_from, 0), self.ring.last_seq)
 
-    def _admit(self, client: ClientStream, caller: Caller, what: str) -> str | None:
-        """None if ``caller``'s request may run now, else why not (one sentence for the client)."""
+    def _admit(self, client: ClientStream, caller: Caller, what: str, budgeted: bool = True) -> str | None:
+        """None if ``caller``'s request may run now, else why not (one sentence for the client).
+
+        A request not ``budgeted`` (a scene copy's chunk read, the copy's listing having paid) is held
+        only by the session's running requests and its reply queue.
+        """
         if client.pending >= MAX_PENDING:
             return f"{what} refused: {MAX_PENDING} requests from this session are still running; wait for their answers"
-        if not self.budgets.take(caller.key):
+        if budgeted and not self.budgets.take(caller.key):
             self.refused_requests += 1
             held = self._refusal_log.allow()
             if held is not None:

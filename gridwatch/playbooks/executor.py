@@ -595,7 +595,10 @@ class Executor:
         failed = [f"{n}: {msg}" for n, ok, msg in results if not ok]
         if failed:
             raise StepFailed("; ".join(failed))
-        return f"{action} ok on {len(results)} node{'s' if len(results) != 1 else ''}"
+        said = f"{action} ok on {len(results)} node{'s' if len(results) != 1 else ''}"
+        if step.step == "capture_scene":  # where the evidence lives, on the node and at the console
+            said += ": " + "; ".join(f"{n}: {msg}" for n, _, msg in results)
+        return said
 
     def _told(self, step: PlannedStep, incident: Incident) -> str:
         """What a notify says: the playbook's sentence when every step before it (but telling) was done; else

@@ -287,6 +287,8 @@ class ActionResult(Frame, tag="action_result"):
     data: dict[Text, Any] = {}
     # A ResultCode's value (wire/kinds.py). Text, not the enum, so a code a newer agent adds still decodes here.
     code: Text | None = None
+    # Bytes a read answers with (a scene file's chunk, wire/scenes.py): base64 in the line, never cleaned as text.
+    chunk: bytes | None = None
 
 
 class SearchResult(Frame, tag="search_result"):

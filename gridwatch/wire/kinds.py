@@ -112,6 +112,7 @@ class AgentAction(StrEnum):
     PING = "ping"
     DUMP_COLLECTIVES = "dump_collectives"
     RAS_STATUS = "ras_status"
+    READ_SCENE = "read_scene"
 
 
 # Plain strings, as an Action frame's text field holds them.
@@ -120,6 +121,9 @@ ACTIONS: frozenset[str] = frozenset(a.value for a in AgentAction)
 VIEWER_ACTIONS: frozenset[str] = frozenset(
     a.value for a in (AgentAction.PING, AgentAction.PREFLIGHT, AgentAction.DUMP_COLLECTIVES, AgentAction.RAS_STATUS)
 )
+# Reads an operator's key alone may send (a scene holds logs and stacks): they change nothing, so no fencing
+# token or step key applies, and a copy's many chunk reads are not counted against the request budget.
+READ_ACTIONS: frozenset[str] = frozenset({AgentAction.READ_SCENE.value})
 
 
 class ResultCode(StrEnum):

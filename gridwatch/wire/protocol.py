@@ -63,6 +63,7 @@ from gridwatch.wire.frames import (
 from gridwatch.wire.kinds import (
     ACTIONS,
     EVENT_KINDS,
+    READ_ACTIONS,
     SEVERITIES,
     VIEWER_ACTIONS,
     AgentAction,
@@ -109,6 +110,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_WATCHES",
     "PROTOCOL_VERSION",
+    "READ_ACTIONS",
     "SEVERITIES",
     "STALE_AFTER_INTERVALS",
     "SUBSYSTEM",

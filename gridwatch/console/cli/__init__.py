@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "gridwatch.console.cli.train",  # train
     "gridwatch.console.cli.preflight",  # preflight
     "gridwatch.console.cli.logs",  # logs: from the console's log store
+    "gridwatch.console.cli.scene",  # scene: an incident's scenes from the console's scene store
     "gridwatch.console.cli.demo",  # demo, fault
 )
 

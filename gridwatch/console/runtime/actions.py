@@ -44,9 +44,43 @@ class Acting(Recovering):
                         or loop.time() >= deadline):
                     break
                 await asyncio.sleep(self.retry_every)
+            if result.ok and action == AgentAction.CAPTURE_SCENE and self.scenes is not None:
+                # Before the plan's next step touches the node: the evidence must outlive it.
+                result = await self._keep_scene(node, args, result)
         for hook in self.hooks.action:
             hook(node, action, result)
         return result
+
+    async def _keep_scene(self, node: str, args: dict[str, Any], result: ActionResult) -> ActionResult:
+        """The bundle just captured, copied into the console's scene store; the result and the audit say where."""
+        assert self.scenes is not None
+        from gridwatch.console.runtime.scene_copy import SceneCopy
+        from gridwatch.console.runtime.scene_store import CopyState
+        from gridwatch.playbooks.executor import STEP_KEY
+
+        incident = str(args.get("incident") or "no-incident")
+        on_node = str(result.data.get("path") or "")
+        try:
+            copy = await self.scenes.keep(node, incident, on_node)
+        except Exception as exc:  # noqa: BLE001 - the console's disk: the plan goes on, the scene stays on the node
+            logger.bind(node=node).exception("the scene of {} was not copied", incident)
+            copy = SceneCopy(node, incident, on_node, CopyState.NOT_COPIED,
+                             why=f"the console could not keep it: {type(exc).__name__}: {exc}")
+        if self.plan_store is not None:
+            try:
+                self.plan_store.audit(self.operator, f"scene copy from {node}", f"evidence of {incident}",
+                                      incident=incident if "incident" in args else None, step=STEP_KEY.get(),
+                                      phase="after", outcome=f"{copy.line()} (on the node: {on_node or '-'})")
+            except Exception:  # noqa: BLE001 - the copy is on disk either way; the log says why
+                logger.bind(node=node).exception("cannot audit the scene copy of {}", incident)
+        data = {**result.data, "console_copy": str(copy.where or ""), "copy_state": str(copy.state)}
+        return msgspec.structs.replace(result, message=Text(f"{result.message}; console copy {copy.line()}"), data=data)
+
+    async def read_scene(self, node: str, args: dict[str, Any], timeout: float) -> ActionResult:
+        """One ``read_scene`` to ``node``: a read, so no fencing token nor step key goes with it."""
+        if self.fleet is None:
+            return _refused(node, AgentAction.READ_SCENE, "no fleet connected")
+        return await self.fleet.action(node, AgentAction.READ_SCENE, args, reason="scene copy", timeout=timeout)
 
     def _with_checkpoint_step(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
         """A restart the engine named no common checkpoint for gets the newest any trainer reports.

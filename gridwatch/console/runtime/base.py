@@ -23,6 +23,7 @@ from gridwatch.wire.protocol import ActionResult, Frame, LogLine
 if TYPE_CHECKING:
     from gridwatch.console.runtime.leader import Election
     from gridwatch.console.runtime.recoveries import _Recovery
+    from gridwatch.console.runtime.scene_copy import SceneKeeper
     from gridwatch.playbooks.engine import Engine
     from gridwatch.playbooks.plans import Plan
 
@@ -104,6 +105,7 @@ class RuntimeBase:
     goodput: GoodputTracker
     election: Election | None
     hangs: HangWatch
+    scenes: SceneKeeper | None
 
     def _all_tried(self) -> bool:
         links = getattr(self.fleet, "links", None)

@@ -36,6 +36,8 @@ SummaryEvery = float | Literal["auto"]
 # while it holds more than that; an open incident's evidence stays.
 DEFAULT_RETENTION = "14d"
 DEFAULT_STORE_MAX = "20GB"
+# What the console keeps of one node's scene bundle at most (gridwatch.console.runtime.scene_copy).
+DEFAULT_SCENE_MAX = "64MB"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -141,6 +143,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     relay: list[RelayConfig] = []
     retention: str | float | None = None  # the log store keeps lines this long ("14d"; default DEFAULT_RETENTION)
     store_max: str | int | None = None  # ... and at most this much ("20GB"; default DEFAULT_STORE_MAX)
+    scene_max: str | int | None = None  # a node's scene copied at capture up to this much ("64MB"; DEFAULT_SCENE_MAX)
 
     @property
     def node_spec(self) -> str:
@@ -156,6 +159,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def store_max_bytes(self) -> int:
         """``store_max`` in bytes (checked when the file was read)."""
         return parse_size(DEFAULT_STORE_MAX if self.store_max is None else self.store_max)
+
+    @property
+    def scene_max_bytes(self) -> int:
+        """``scene_max`` in bytes (checked when the file was read)."""
+        return parse_size(DEFAULT_SCENE_MAX if self.scene_max is None else self.scene_max)
 
     @property
     def etcd_urls(self) -> list[str]:
@@ -194,6 +202,7 @@ EXPECTED: dict[str, str] = {
     "relay.nodes": 'a hostlist string or a list of them, e.g. "node[017-512]:8022"',
     "retention": 'how long the log store keeps lines, a duration above 0, e.g. "14d" or "12h"',
     "store_max": 'the most the log store may hold, a size above 0, e.g. "20GB" or "500MB"',
+    "scene_max": 'the most of one node\'s scene the console copies at capture, a size above 0, e.g. "64MB"',
 }
 _AT_KEY = re.compile(r"at `\$\.([A-Za-z0-9_-]+)")
 _AT_RELAY = re.compile(r"at `\$\.relay\[(\d+)\](?:\.([A-Za-z0-9_-]+))?")
@@ -346,7 +355,7 @@ def parse_cluster(text: str, path: str) -> ClusterConfig:
             config = msgspec.structs.replace(config, alertmanager=check_alertmanager_url(config.alertmanager))
         except ValueError:
             raise _error(path, "alertmanager", config.alertmanager) from None
-    for key, check in (("retention", parse_retention), ("store_max", parse_size)):
+    for key, check in (("retention", parse_retention), ("store_max", parse_size), ("scene_max", parse_size)):
         value = getattr(config, key)
         if value is not None:
             try:

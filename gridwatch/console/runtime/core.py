@@ -38,6 +38,7 @@ from gridwatch.wire.protocol import ActionResult, LogLine
 if TYPE_CHECKING:
     from gridwatch.console.fleet.prometheus import PrometheusFleet
     from gridwatch.console.runtime.leader import Election
+    from gridwatch.console.runtime.scene_copy import SceneKeeper
     from gridwatch.playbooks.engine import Engine
     from gridwatch.playbooks.notify import Alertmanager
 
@@ -119,6 +120,7 @@ class ConsoleRuntime(Observing, Acting):
         self.election: Election | None = None
         self.prometheus: PrometheusFleet | None = None  # set when the fleet is also read from Prometheus
         self.hangs = HangWatch(self)  # which rank is stuck: records read when a job hangs, verdicts to the engine
+        self.scenes: SceneKeeper | None = None  # set when captured scenes are copied off the nodes (wiring.keep_scenes)
 
     def set_alert(self, text: str | None) -> None:
         """Raise (or, with None, clear) the console's alert; the incident store calls it when its disk fails."""

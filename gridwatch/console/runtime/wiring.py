@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from gridwatch.console.fleet.prometheus import PrometheusFleet
     from gridwatch.console.runtime.config import ClusterConfig, SummaryEvery
     from gridwatch.console.runtime.logfeed import LogFeed
+    from gridwatch.console.runtime.scene_copy import SceneKeeper
     from gridwatch.playbooks.notify import Alertmanager
     from gridwatch.sshlink.hostlist import Endpoint
 
@@ -81,6 +82,9 @@ class RuntimeOptions:
     keep_logs: bool = True
     log_retention_s: float | None = None
     log_store_max: int | None = None
+    # Each captured scene is copied off its node into ``<db>.scenes`` before the plan's next step, at most this
+    # many bytes of a node's bundle (None: cluster.toml's scene_max default). No db_path (in memory): not copied.
+    scene_max: int | None = None
 
     @classmethod
     def from_cluster(cls, config: ClusterConfig, **overrides: Any) -> RuntimeOptions:
@@ -118,7 +122,7 @@ class RuntimeOptions:
                    connect_timeout=config.connect_timeout, etcd=config.etcd_urls, alertmanager=config.alertmanager,
                    cluster=config.cluster or "", metrics=config.metrics, summary_every=config.summary_every,
                    etcd_access=etcd_access(config), log_retention_s=config.retention_s,
-                   log_store_max=config.store_max_bytes)
+                   log_store_max=config.store_max_bytes, scene_max=config.scene_max_bytes)
         return dataclasses.replace(base, **overrides)
 
 
@@ -180,6 +184,8 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
         metrics = serve_metrics(runtime, options.metrics)  # binds now: a taken port is a ValueError here
     if options.keep_logs and db_path != ":memory:":
         keep_log_store(runtime, options, db_path, metrics.registry if metrics is not None else None)
+    if db_path != ":memory:":
+        keep_scenes(runtime, options, db_path)
     runtime.actor = ExecutorActor(executor, incident_store)
     relayed = [node for nodes in options.relays.values() for node in nodes]
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
@@ -219,6 +225,17 @@ def keep_log_store(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: st
     except LogStoreError as exc:
         raise ValueError(str(exc)) from None
     return keep_logs(runtime, store, registry)
+
+
+def keep_scenes(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: str) -> SceneKeeper:
+    """``runtime`` copies each scene its plans capture into ``<db>.scenes`` before the plan's next step."""
+    from gridwatch.console.runtime.config import DEFAULT_SCENE_MAX, parse_size
+    from gridwatch.console.runtime.scene_copy import SceneKeeper
+    from gridwatch.console.runtime.scene_store import scenes_path_for
+
+    most = options.scene_max if options.scene_max is not None else parse_size(DEFAULT_SCENE_MAX)
+    runtime.scenes = SceneKeeper(scenes_path_for(db_path), runtime.read_scene, most)
+    return runtime.scenes
 
 
 def read_fleet_from_prometheus(runtime: ConsoleRuntime, url: str, **options: Any) -> PrometheusFleet:

@@ -1,0 +1,310 @@
+"""Scenes kept where the operator is: each captured bundle copied off its node, checked, capped, private, exported.
+
+Real agents (in this loop, or as processes the tests kill) on loopback SSH, the console's runtime built by
+``build_runtime`` as ``gridwatch console`` builds it, a real SQLite incident store and the real CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from gridwatch.console.cli import main
+from gridwatch.console.runtime.config import ConfigError, load_cluster
+from gridwatch.console.runtime.scene_copy import SceneKeeper
+from gridwatch.console.runtime.scene_store import MANIFEST, PARTIAL, CopyState, scenes_path_for
+from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
+from gridwatch.sshlink.client import Fleet, FleetOptions
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.wire import protocol as p
+from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until
+from tests.support_cli import cluster_toml
+
+
+def _fleet(keys, spec: str, key: str = "operator") -> Fleet:  # noqa: ANN001
+    path = keys.operator_key if key == "operator" else keys.viewer_key
+    return Fleet(parse_endpoints(spec), FleetOptions(key_path=str(path), known_hosts=str(keys.known_hosts)))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+class Reads:
+    """The keeper's read over the real fleet, with a test's hand on what comes back."""
+
+    def __init__(self, fleet: Fleet, tamper: Any = None) -> None:
+        self.fleet = fleet
+        self.tamper = tamper
+        self.chunks = 0
+
+    async def __call__(self, node: str, args: dict[str, Any], timeout: float) -> p.ActionResult:
+        result = await self.fleet.action(node, p.AgentAction.READ_SCENE, args, reason="test", timeout=timeout)
+        if "file" in args:
+            self.chunks += 1
+        return self.tamper(args, result) if self.tamper is not None else result
+
+
+@pytest.fixture
+async def linked(keys, tmp_path: Path) -> AsyncIterator[tuple[Any, Fleet, Path]]:
+    """An agent in this loop with a scene just captured, a fleet linked to it, and the bundle's path."""
+    ra = await start_agent(keys, name="node-1", scene_dir=str(tmp_path / "scenes"))
+    fleet = _fleet(keys, ra.spec)
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1, 10, "the link")
+        captured = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="test")
+        assert captured.ok, captured.message
+        yield ra, fleet, Path(str(captured.data["path"]))
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+
+
+def _manifest(bundle: Path) -> dict[str, Any]:
+    return json.loads((bundle / MANIFEST).read_text())
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@pytest.mark.timeout(90)
+async def test_xid_79_scene_is_in_the_console_before_isolation_and_outlives_the_node(
+        keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    scenes = tmp_path / "node-scenes"
+    proc = spawn_agent(keys, port, "node-1", "--scene-dir", str(scenes), log=tmp_path / "agent.log")
+    db = tmp_path / "incidents.db"
+    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(f"127.0.0.1:{port}"),
+                                           key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
+                                           db_path=str(db), operator="alice", tick_interval=0.1))
+    store = runtime.plan_store
+    try:
+        await runtime.start()
+        await wait_until(lambda: len(runtime.engine.live_nodes()) == 1, 30, "the agent process connected")
+        fault = await runtime.fleet.action("node-1", "inject_fault", {"kind": "xid", "code": 79, "gpu": 0})
+        assert fault.ok, fault.message
+        await wait_until(lambda: any(i.playbook == "xid-hardware" for i in store.incidents()), 15, "the incident")
+        (inc,) = [i for i in store.incidents() if i.playbook == "xid-hardware"]
+        await wait_until(lambda: any(s.step == "isolate_node" and s.state in ("done", "failed")
+                                     for s in store.steps(inc.id)), 30, "the isolate step")
+        steps = {s.step: s for s in store.steps(inc.id)}
+        capture, isolate = steps["capture_scene"], steps["isolate_node"]
+        assert capture.state == "done" and isolate.state == "done", (capture.outcome, isolate.outcome)
+        # Where the evidence lives, on the node and at the console, is in the step's outcome and the audit log.
+        (bundle,) = list((scenes_path_for(db) / inc.id / "node-1").iterdir())
+        assert f"console copy whole at {bundle}" in capture.outcome and str(scenes) in capture.outcome
+        audit = store.audit_log(inc.id)
+        copied = next(i for i, a in enumerate(audit) if a.what == "scene copy from node-1")
+        isolating = next(i for i, a in enumerate(audit) if a.what.startswith("isolate_node") and a.phase == "before")
+        assert copied < isolating and audit[copied].outcome.startswith("whole at")
+        manifest = _manifest(bundle)
+        assert manifest["state"] == "whole" and manifest["finished_at"] <= isolate.started_at
+        assert {"frames.jsonl", "meta.json"} <= {f["name"] for f in manifest["files"]}
+        assert not (bundle / PARTIAL).exists()
+        for level in (scenes_path_for(db), bundle.parent.parent, bundle.parent, bundle):
+            assert _mode(level) == 0o700, level
+        assert all(_mode(f) == 0o600 for f in bundle.iterdir())
+    finally:
+        await runtime.stop()
+        store.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    # The node is gone and so is its disk's scene: the console's copy is what the vendor gets.
+    shutil.rmtree(scenes)
+    out = tmp_path / "ticket.tar.gz"
+    assert main(["scene", inc.id, "--db", str(db), "--out", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "whole" in said.out and said.err == ""
+    assert _mode(out) == 0o600
+    with tarfile.open(out) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    top = f"{inc.id}/node-1/{bundle.name}"
+    kept = json.loads(members[f"{top}/{MANIFEST}"])
+    assert kept["files"] and all(_sha(members[f"{top}/{f['name']}"]) == f["sha256"] for f in kept["files"])
+
+
+# --------------------------------------------------------------------------- the copy
+
+
+async def test_a_bundle_over_scene_max_keeps_the_smallest_files_and_says_what_was_left_out(
+        linked, tmp_path: Path) -> None:
+    _, fleet, on_node = linked
+    (on_node / "core.bin").write_bytes(os.urandom(300_000))
+    reads = Reads(fleet)
+    keeper = SceneKeeper(tmp_path / "store", reads, max_bytes=100_000)
+    copy = await keeper.keep("node-1", "inc-1", str(on_node))
+    assert copy.state is CopyState.CAPPED and copy.left_out == ["core.bin"]
+    bundle = tmp_path / "store" / "inc-1" / "node-1" / on_node.name
+    manifest = _manifest(bundle)
+    assert manifest["state"] == "capped" and manifest["scene_max"] == 100_000
+    (left,) = manifest["left_out"]
+    assert left["name"] == "core.bin" and left["size"] == 300_000 and "over scene_max" in left["why"]
+    assert not (bundle / "core.bin").exists() and not (bundle / PARTIAL).exists()
+    for f in manifest["files"]:
+        assert _sha((bundle / f["name"]).read_bytes()) == f["sha256"] == _sha((on_node / f["name"]).read_bytes())
+
+
+async def test_a_corrupted_chunk_is_not_kept_as_if_whole(linked, tmp_path: Path) -> None:
+    _, fleet, on_node = linked
+    payload = os.urandom(1_500_000)  # three chunks
+    (on_node / "core.bin").write_bytes(payload)
+
+    def flip(args: dict[str, Any], result: p.ActionResult) -> p.ActionResult:
+        if args.get("file") == "core.bin" and args.get("offset") == 524288 and result.chunk:
+            bad = bytes([result.chunk[0] ^ 0xFF]) + result.chunk[1:]
+            return msgspec.structs.replace(result, chunk=bad)
+        return result
+
+    copy = await SceneKeeper(tmp_path / "store", Reads(fleet, flip), max_bytes=64 * 10**6).keep(
+        "node-1", "inc-1", str(on_node))
+    assert copy.state is CopyState.FAILED and "core.bin did not match" in copy.why
+    bundle = tmp_path / "store" / "inc-1" / "node-1" / on_node.name
+    assert sorted(x.name for x in bundle.iterdir() if x.name.startswith(("core", ".core"))) == []
+    manifest = _manifest(bundle)
+    assert manifest["state"] == "failed" and [f["name"] for f in manifest["failed"]] == ["core.bin"]
+    assert manifest["failed"][0]["sha256"] == _sha(payload) != manifest["failed"][0]["got"]
+    assert "core.bin" not in {f["name"] for f in manifest["files"]} and manifest["files"]
+    partial = json.loads((bundle / PARTIAL).read_text())
+    assert partial["state"] == "failed" and [m["name"] for m in partial["missing"]] == ["core.bin"]
+    assert "meta.json" in partial["arrived"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_node_that_dies_during_the_copy_leaves_a_partial_bundle_that_says_so(keys, tmp_path: Path) -> None:
+    port = free_port()
+    scenes = tmp_path / "node-scenes"
+    proc = spawn_agent(keys, port, "node-1", "--scene-dir", str(scenes), log=tmp_path / "agent.log")
+    fleet = _fleet(keys, f"127.0.0.1:{port}")
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1, 30, "the agent process connected")
+        captured = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="test")
+        assert captured.ok, captured.message
+        on_node = Path(str(captured.data["path"]))
+        (on_node / "core.bin").write_bytes(os.urandom(8 * 2**20))  # 16 chunks
+
+        def kill_after_first(args: dict[str, Any], result: p.ActionResult) -> p.ActionResult:
+            if args.get("file") == "core.bin" and args.get("offset") == 0:
+                proc.send_signal(signal.SIGKILL)
+            return result
+
+        keeper = SceneKeeper(tmp_path / "store", Reads(fleet, kill_after_first), max_bytes=64 * 10**6,
+                             chunk_timeout=3.0)
+        copy = await keeper.keep("node-1", "inc-1", str(on_node))
+    finally:
+        await fleet.stop()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert copy.state is CopyState.PARTIAL and "stopped answering" in copy.why
+    bundle = tmp_path / "store" / "inc-1" / "node-1" / on_node.name
+    partial = json.loads((bundle / PARTIAL).read_text())
+    assert partial["state"] == "partial" and "stopped answering" in partial["why"]
+    assert {"frames.jsonl", "meta.json"} <= set(partial["arrived"])
+    (missing,) = partial["missing"]
+    assert missing["name"] == "core.bin" and missing["size"] == 8 * 2**20 and "stopped answering" in missing["why"]
+    assert not (bundle / "core.bin").exists() and not (bundle / ".core.bin.part").exists()
+    assert _manifest(bundle)["state"] == "partial"
+
+
+async def test_a_copy_is_not_eaten_by_the_request_budget_and_the_budget_still_holds(keys, tmp_path: Path) -> None:
+    ra = await start_agent(keys, name="node-1", scene_dir=str(tmp_path / "scenes"), action_rate=0.01, action_burst=2)
+    fleet = _fleet(keys, ra.spec)
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1, 10, "the link")
+        captured = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="test")  # 1 of 2
+        on_node = Path(str(captured.data["path"]))
+        (on_node / "core.bin").write_bytes(os.urandom(3 * 2**20))
+        reads = Reads(fleet)
+        copy = await SceneKeeper(tmp_path / "store", reads, max_bytes=64 * 10**6).keep("node-1", "inc-1",
+                                                                                        str(on_node))  # 2 of 2
+        assert copy.state is CopyState.WHOLE, copy.line()
+        assert reads.chunks >= 6
+        refused = await fleet.action("node-1", "ping", {}, reason="test")
+        assert not refused.ok and "over its budget" in refused.message
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+
+
+# --------------------------------------------------------------------------- what the agent serves
+
+
+async def test_the_agent_serves_only_regular_files_inside_its_scene_dir(linked, keys, tmp_path: Path) -> None:
+    ra, fleet, on_node = linked
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not evidence")
+    (on_node / "escape").symlink_to(secret)
+    (tmp_path / "scenes" / "elsewhere").symlink_to(tmp_path)
+    scene = on_node.name
+
+    async def read(**args: Any) -> p.ActionResult:
+        return await fleet.action("node-1", "read_scene", args, reason="test", timeout=10)
+
+    for args in ({"scene": "../"}, {"scene": ".."}, {"scene": str(tmp_path)}, {"scene": "elsewhere"},
+                 {"scene": scene, "file": "../../secret.txt", "offset": 0, "length": 10},
+                 {"scene": scene, "file": str(secret), "offset": 0, "length": 10},
+                 {"scene": scene, "file": "escape", "offset": 0, "length": 10},
+                 {"scene": "elsewhere", "file": "secret.txt", "offset": 0, "length": 10},
+                 {"scene": scene, "file": "meta.json", "offset": -1, "length": 10}):
+        answer = await read(**args)
+        assert not answer.ok and answer.chunk is None, (args, answer.message)
+        assert "refused" in answer.message or "no scene" in answer.message or "must be" in answer.message, args
+    listing = await read(scene=scene)
+    assert listing.ok and {"name": "escape", "why": "a symbolic link: not served"} in listing.data["listing"]["skipped"]
+    assert "escape" not in {f["name"] for f in listing.data["listing"]["files"]}
+    good = await read(scene=scene, file="meta.json", offset=0, length=100_000)
+    assert good.ok and good.chunk == (on_node / "meta.json").read_bytes()
+    viewer = _fleet(keys, ra.spec, key="viewer")
+    await viewer.start()
+    try:
+        await wait_until(lambda: viewer.connected == 1, 10, "the viewer's link")
+        refused = await viewer.action("node-1", "read_scene", {"scene": scene, "file": "meta.json", "offset": 0},
+                                      reason="test", timeout=10)
+        assert not refused.ok and "operator role" in refused.message and refused.chunk is None
+    finally:
+        await viewer.stop()
+
+
+# --------------------------------------------------------------------------- config and the CLI
+
+
+def test_scene_max_flows_from_cluster_toml_and_a_bad_one_is_one_line(tmp_path: Path, keys) -> None:
+    options = RuntimeOptions.from_cluster(load_cluster(cluster_toml(tmp_path, keys, 'scene_max = "8MB"\n')))
+    assert options.scene_max == 8 * 10**6
+    assert RuntimeOptions.from_cluster(load_cluster(cluster_toml(tmp_path, keys))).scene_max == 64 * 10**6
+    for bad in ('scene_max = "lots"', "scene_max = 0", "scene_max = true"):
+        with pytest.raises(ConfigError) as info:
+            load_cluster(cluster_toml(tmp_path, keys, bad + "\n"))
+        text = str(info.value)
+        assert "scene_max: expected the most of one node's scene" in text and "\n" not in text
+    bad_file = cluster_toml(tmp_path, keys, 'scene_max = "lots"\n')
+    assert main(["scene", "inc-1", "--cluster", str(bad_file)]) == 2
+
+
+def test_scene_cli_says_not_found_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "incidents.db"
+    assert main(["scene", "inc-1", "--db", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no scene kept for inc-1 in {scenes_path_for(db)}" in err
+    assert main(["scene", "../etc", "--db", str(db)]) == 2
+    assert main(["scene", "..", "--db", str(db)]) == 2
+    with pytest.raises(SystemExit) as done:
+        main(["scene", "--help"])
+    assert done.value.code == 0 and "MANIFEST.json" in capsys.readouterr().out
