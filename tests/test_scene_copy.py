@@ -308,3 +308,59 @@ def test_scene_cli_says_not_found_and_bad_input(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as done:
         main(["scene", "--help"])
     assert done.value.code == 0 and "MANIFEST.json" in capsys.readouterr().out
+
+
+async def test_a_scene_is_copied_whole_through_a_relay(keys, tmp_path: Path) -> None:
+    from gridwatch.relay.service import Relay, RelayKeys
+    from gridwatch.sshlink.hostlist import Endpoint
+
+    ra = await start_agent(keys, name="node-1", scene_dir=str(tmp_path / "scenes"))
+    relay = Relay(name="rack1", nodes=[Endpoint("127.0.0.1", ra.port)], keys=RelayKeys.from_dir(keys.dir),
+                  backoff_min=0.05, backoff_max=0.3)
+    relay_port = await relay.start("127.0.0.1", 0)
+    fleet = Fleet([], FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts)),
+                  relays={Endpoint("127.0.0.1", relay_port): [Endpoint("127.0.0.1", ra.port)]})
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1 and fleet.find("node-1") is not None
+                         and fleet.find("node-1").role == "operator", 15, "the node through the relay")
+        captured = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="test")
+        assert captured.ok, captured.message
+        on_node = Path(str(captured.data["path"]))
+        payload = os.urandom(2 * 2**20 + 7)
+        (on_node / "core.bin").write_bytes(payload)
+        copy = await SceneKeeper(tmp_path / "store", Reads(fleet), max_bytes=64 * 10**6).keep(
+            "node-1", "inc-1", str(on_node))
+        assert copy.state is CopyState.WHOLE, copy.line()
+        assert (tmp_path / "store" / "inc-1" / "node-1" / on_node.name / "core.bin").read_bytes() == payload
+    finally:
+        await fleet.stop()
+        await relay.close()
+        await stop_agent(ra)
+
+
+@pytest.mark.timeout(60)
+async def test_a_console_that_cannot_keep_the_scene_still_isolates_and_says_so(keys, tmp_path: Path) -> None:
+    ra = await start_agent(keys, name="node-1", scene_dir=str(tmp_path / "scenes"))
+    db = tmp_path / "incidents.db"
+    scenes_path_for(db).write_text("a file where the scene store should be")
+    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(ra.spec), key_path=str(keys.operator_key),
+                                           known_hosts=str(keys.known_hosts), db_path=str(db), operator="alice",
+                                           tick_interval=0.1))
+    store = runtime.plan_store
+    try:
+        await runtime.start()
+        await wait_until(lambda: len(runtime.engine.live_nodes()) == 1, 20, "the node")
+        ra.agent.event("xid", "GPU has fallen off the bus", severity="critical", gpu=0, code=79)
+        await wait_until(lambda: any(i.playbook == "xid-hardware" for i in store.incidents()), 10, "the incident")
+        (inc,) = [i for i in store.incidents() if i.playbook == "xid-hardware"]
+        await wait_until(lambda: any(s.step == "isolate_node" and s.state in ("done", "failed")
+                                     for s in store.steps(inc.id)), 20, "the isolate step")
+        steps = {s.step: s for s in store.steps(inc.id)}
+        assert steps["capture_scene"].state == "done" and steps["isolate_node"].state == "done"
+        assert "console copy not_copied: the console could not keep it" in steps["capture_scene"].outcome
+        assert ra.agent.isolated
+    finally:
+        await runtime.stop()
+        store.close()
+        await stop_agent(ra)
