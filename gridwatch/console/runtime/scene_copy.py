@@ -48,8 +48,8 @@ CHUNK_TIMEOUT_S = 10.0
 ReadScene = Callable[[str, dict[str, Any], float], Awaitable[ActionResult]]
 
 
-class _LinkBroken(Exception):
-    """The node or its link stopped answering during the copy; the message says what it said."""
+class _CopyStopped(Exception):
+    """A chunk did not come (the node or its link stopped answering, or the agent refused it); the message says why."""
 
 
 def _write_hashed(out: BinaryIO, digest: Any, data: bytes) -> None:
@@ -170,8 +170,8 @@ class _Copy:
             for f in chosen:
                 try:
                     whole = await self._file(f)
-                except _LinkBroken as exc:
-                    why = f"the node stopped answering during the copy: {exc}"
+                except _CopyStopped as exc:
+                    why = f"the copy stopped before it ended: {exc}"
                     self.missing = [LeftOut(name=m.name, size=m.size, why=why) for m in self.missing]
                     break
                 self.missing = [m for m in self.missing if m.name != f.name]
@@ -226,7 +226,7 @@ class _Copy:
                         offset += length
                     result = await pending.popleft()
                     if not result.ok:
-                        raise _LinkBroken(f"{f.name}: {result.message}")
+                        raise _CopyStopped(f"{f.name}: {result.message}")
                     data = result.chunk or b""
                     # Off the loop: a slow disk must not stall the frames of every other node meanwhile.
                     await asyncio.to_thread(_write_hashed, out, digest, data)

@@ -31,7 +31,7 @@ class CopyState(StrEnum):
     COPYING = "copying"
     WHOLE = "whole"
     CAPPED = "capped"  # every file within scene_max arrived and checked; the rest was left out, and is named
-    PARTIAL = "partial"  # the node or its link stopped answering: what arrived is kept, the rest is named
+    PARTIAL = "partial"  # the copy stopped (the node died, say): what arrived is kept, the rest is named
     FAILED = "failed"  # a file did not match its checksum: it is not kept, and the copy is not whole
     NOT_COPIED = "not_copied"  # the agent named no bundle to copy: the scene is on the node only
 
