@@ -423,3 +423,34 @@ def test_consequence_of_names_real_event_kinds() -> None:
     _, errors = check_text("name: x\nconsequence_of: {within: 2m}\ntrigger: {event: trainer_restarted}\n"
                            "plan: [notify]\n", "test.yaml")
     assert len(errors) == 1 and "needs events" in str(errors[0])
+
+
+def test_the_blast_radius_counts_the_nodes_of_the_incidents_own_slurm_job() -> None:
+    # Two Slurm jobs of four nodes each, no gridwatch trainer. With max_nodes 1 per job, job A losing a node
+    # does not stop job B from losing its own bad one; a second bad node of job A goes to a human.
+    from gridwatch.wire.protocol import SchedulerJob
+    clock = ManualClock(1000.0)
+    engine = Engine(_playbooks("""
+name: hw
+trigger: {event: xid}
+plan: [isolate_node]
+guards: {blast_radius: {max_nodes: 1, window: 1h}}
+"""), clock)
+    names = [f"n{i}" for i in range(1, 9)]
+    for i, name in enumerate(names):
+        engine.observe(name, Hello(node=name, ts=clock.now()))
+        job = SchedulerJob(scheduler="slurm", id="100" if i < 4 else "200", nodes="n[1-4]" if i < 4 else "n[5-8]")
+        engine.observe(name, Summary(node=name, jobs=[job]))
+
+    def decide(node: str) -> tuple[str, str]:
+        clock.advance(60.0)
+        (plan,) = engine.observe(node, Event(node=node, kind="xid", code=79, gpu=0, severity="critical"))
+        step = plan.steps[0]
+        if step.decision == "act":
+            engine.step_finished(step, "done", "isolated")
+        return step.decision, step.reason
+
+    assert decide("n1")[0] == "act"
+    assert decide("n5")[0] == "act"  # the other job's: its own blast radius
+    decision, reason = decide("n2")
+    assert decision == "escalate" and "2 of its job's 4 nodes" in reason

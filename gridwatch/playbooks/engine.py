@@ -121,8 +121,9 @@ class Engine(Matching, Planning):
             self._settle_seeded(node, frame.isolated)
             node.trainer_attached = (frame.trainer is not None and frame.trainer.read_from is None
                                      and frame.trainer.phase not in _NOT_ATTACHED)
-            if frame.jobs or node.scheduler_jobs:
+            if (frame.jobs or node.scheduler_jobs) and tuple(frame.jobs) != node.scheduler_jobs:
                 node.scheduler_jobs = tuple(frame.jobs)  # named only when an incident opens: no text per frame
+                self._by_scheduler_job = None
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step

@@ -84,7 +84,7 @@ class Planning(EngineCore):
             for step in steps:
                 if step.step in REMOVING_STEPS or step.step in JOB_STEPS:
                     step.decision, step.reason = "escalate", escalate_all
-        job_size = self._job_size(incident.job) or 1
+        job_size, peers = self._blast_scope(incident)
         hearsay = self.nodes.get(incident.node)
         if hearsay is not None and hearsay.hearsay:
             for step in steps:
@@ -99,7 +99,7 @@ class Planning(EngineCore):
                     step.decision = "skip"
                     step.reason = f"{incident.node} is known only from Prometheus: no gridwatch agent there keeps a scene"
         if not retry:  # a re-plan of a failed removal is the same decision, taken again
-            apply_guards(pb, key, steps, self.ledger, job_size, now)
+            apply_guards(pb, key, steps, self.ledger, job_size, now, peers)
         if fixes is not None and any(s.step == g.repeat_after and s.decision == "act" for s in steps):
             fixes.append(now)
         self._coalesce_restarts(incident, steps, now)

@@ -111,6 +111,8 @@ class EngineCore:
         self._on_node: dict[str, set[str]] = {}  # node -> ids of open incidents acting on it
         self._live: dict[str, list[str]] = {}  # job -> live_nodes(job), dropped when a node's live_key changes
         self._sizes: dict[str, int] | None = None  # job -> its nodes (node add or job change drops it)
+        # (scheduler, job id) -> the nodes reporting it; dropped when a node's scheduler jobs change
+        self._by_scheduler_job: dict[tuple[str, str], set[str]] | None = None
         self._planned: dict[str, int] = {}  # incident id -> steps planned for it so far (a re-plan goes on from there)
         self._replans: dict[str, int] = {}  # incident id -> times a failed removal was planned again
         self._removals: dict[str, tuple[float, list[str]]] = {}  # step id -> (planned at, nodes) awaiting outcome
@@ -185,6 +187,25 @@ class EngineCore:
                 sizes[n.job] = sizes.get(n.job, 0) + 1
             self._sizes = sizes
         return (self._sizes.get(job, 0) + self._sizes.get("", 0)) if job else len(self.nodes)
+
+    def _blast_scope(self, incident: Incident) -> tuple[int, frozenset[str] | None]:
+        """The job a plan's blast radius is counted in: its size, and its nodes when they are known.
+
+        A node in scheduler jobs (Slurm, Kubernetes): the nodes whose agents report one of those jobs, so
+        that one job losing nodes never stops another job's healing. Otherwise the trainer's job (with
+        the nodes of no known job) by size, and every removal counts, as without a scheduler."""
+        node = self.nodes.get(incident.node)
+        if node is None or not node.scheduler_jobs:
+            return self._job_size(incident.job) or 1, None
+        if self._by_scheduler_job is None:
+            index: dict[tuple[str, str], set[str]] = {}
+            for n in self.nodes.values():
+                for job in n.scheduler_jobs:
+                    index.setdefault((str(job.scheduler), str(job.id)), set()).add(n.name)
+            self._by_scheduler_job = index
+        peers = frozenset({node.name}).union(*(self._by_scheduler_job.get((str(j.scheduler), str(j.id)), ())
+                                                for j in node.scheduler_jobs))
+        return len(peers), peers
 
     def _heartbeat_books(self) -> list[tuple[Playbook, ConditionTrigger]]:
         """The heartbeat playbooks, picked once per set of playbooks (a tick and every frame ask)."""

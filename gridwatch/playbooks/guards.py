@@ -62,8 +62,11 @@ def blast_limit(playbook: Playbook, job_size: int) -> int | None:
 
 
 def apply_guards(playbook: Playbook, key: str, steps: list[PlannedStep], ledger: GuardLedger,
-                 job_size: int, now: float) -> None:
-    """Set each step's decision; records in the ledger what is let act."""
+                 job_size: int, now: float, peers: frozenset[str] | None = None) -> None:
+    """Set each step's decision; records in the ledger what is let act.
+
+    ``peers``: the nodes of the incident's scheduler job(s); the blast radius counts only their removals
+    (another job's bad hour never stops this one healing). None: every removal counts."""
     g = playbook.guards
 
     def stop(decision: str, reason: str, start: int = 0, acting_only: bool = True) -> None:
@@ -92,9 +95,12 @@ def apply_guards(playbook: Playbook, key: str, steps: list[PlannedStep], ledger:
         if step.step not in REMOVING_STEPS or step.decision != "act":
             continue
         if limit is not None:
-            out = ledger.removed_within(g.blast_window, now) | set(removed_here) | set(step.nodes)
+            before = ledger.removed_within(g.blast_window, now)
+            out = (before & peers if peers is not None else before) | set(removed_here) | set(step.nodes)
             if len(out) > limit:
-                stop("escalate", f"blast radius: this would take {len(out)} of {job_size} nodes out within "
+                whose = "its job's" if peers is not None else ""
+                stop("escalate", f"blast radius: this would take {len(out)} of {whose + ' ' if whose else ''}"
+                                 f"{job_size} nodes out within "
                                  f"{format_duration(g.blast_window)} (limit {limit}); a human decides", start=i)
                 break
         removed_here.extend(n for n in step.nodes if n not in removed_here)
