@@ -109,7 +109,10 @@ async def _run(args: argparse.Namespace, work: Path) -> int:
         async def read(node: str, read_args: dict, timeout: float) -> p.ActionResult:
             return await fleet.action(node, p.AgentAction.READ_SCENE, read_args, reason="bench", timeout=timeout)
 
-        async def capture_and_copy(window: int) -> tuple[float, float, Path]:
+        core = work / "core.bin"  # the same bytes in every bundle and through the baseline
+        core.write_bytes(os.urandom(total))
+
+        async def capture_and_copy(window: int, keep: bool = False) -> tuple[float, float, list[Path]]:
             t0 = time.perf_counter()
             captured = await fleet.action("node-1", "capture_scene", {"incident": "bench"}, reason="bench")
             if not captured.ok:
@@ -117,32 +120,34 @@ async def _run(args: argparse.Namespace, work: Path) -> int:
             t_capture = time.perf_counter() - t0
             bundle = Path(str(captured.data["path"]))
             small = sum(f.stat().st_size for f in bundle.iterdir())
-            (bundle / "core.bin").write_bytes(os.urandom(total - small))  # not timed: the bundle made 64 MB
+            with core.open("rb") as src, (bundle / "core.bin").open("wb") as dst:  # not timed: the bundle made 64 MB
+                dst.write(src.read(total - small))
             keeper = SceneKeeper(work / "store", read, max_bytes=total, window=window)
             t1 = time.perf_counter()
             copy = await keeper.keep("node-1", "bench", str(bundle))
             t_copy = time.perf_counter() - t1
             if copy.state is not CopyState.WHOLE or copy.size != total:
                 raise RuntimeError(f"the copy is not whole: {copy.line()}")
-            return t_capture, t_copy, bundle
+            files = sorted(bundle.iterdir())
+            if not keep and copy.where is not None:  # a disk's worth of bundles otherwise, over many runs
+                shutil.rmtree(bundle)
+                shutil.rmtree(copy.where)
+            return t_capture, t_copy, files
 
-        piped, single, capture_s = [], [], []
-        bundle = None
-        for _ in range(args.runs):
-            t_capture, t_copy, bundle = await capture_and_copy(4)
-            capture_s.append(t_capture)
-            piped.append(t_copy)
-            single.append((await capture_and_copy(1))[1])
-        assert bundle is not None
-        files = sorted(str(f) for f in bundle.iterdir())
+        _, _, files = await capture_and_copy(4, keep=True)  # warm: the link, the page cache, the store's folders
         cat_port = _free_port()
         cat = subprocess.Popen([sys.executable, "-c", CAT_SERVER, str(cat_port), str(keys.host_key),
-                                str(keys.authorized_operators), *files], stdout=subprocess.PIPE, text=True)
+                                str(keys.authorized_operators), *map(str, files)], stdout=subprocess.PIPE, text=True)
         assert cat.stdout is not None
         if not cat.stdout.readline().startswith("ready"):
             raise RuntimeError("the ssh cat server did not start")
-        raw = []
+        piped, single, capture_s, raw = [], [], [], []
+        # Interleaved, so that whatever else the machine does weighs on each the same.
         for _ in range(args.runs):
+            t_capture, t_copy, _ = await capture_and_copy(4)
+            capture_s.append(t_capture)
+            piped.append(t_copy)
+            single.append((await capture_and_copy(1))[1])
             seconds, got = await _ssh_cat(cat_port, keys.operator_key, keys.known_hosts)
             if got != total:
                 raise RuntimeError(f"ssh cat moved {got} bytes, not {total}")
