@@ -370,3 +370,22 @@ async def test_a_console_that_cannot_keep_the_scene_still_isolates_and_says_so(k
         await runtime.stop()
         store.close()
         await stop_agent(ra)
+
+
+async def test_a_copy_that_takes_too_long_stops_and_says_the_rest_stays_on_the_node(linked, tmp_path: Path) -> None:
+    _, fleet, on_node = linked
+    (on_node / "core.bin").write_bytes(os.urandom(3 * 2**20))
+    now = [0.0]
+    reads = Reads(fleet)
+
+    def slow(args: dict[str, Any], result: p.ActionResult) -> p.ActionResult:
+        now[0] += 5.0 if args.get("file") == "core.bin" else 0.0  # each chunk of the big file "takes" 5 s
+        return result
+
+    reads.tamper = slow
+    copy = await SceneKeeper(tmp_path / "store", reads, max_bytes=64 * 10**6, time_limit=12.0,
+                             monotonic=lambda: now[0]).keep("node-1", "inc-1", str(on_node))
+    assert copy.state is CopyState.PARTIAL and "took longer than 12 s, the rest stays on the node" in copy.why
+    bundle = tmp_path / "store" / "inc-1" / "node-1" / on_node.name
+    partial = json.loads((bundle / PARTIAL).read_text())
+    assert [m["name"] for m in partial["missing"]] == ["core.bin"] and "meta.json" in partial["arrived"]

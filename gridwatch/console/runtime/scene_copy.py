@@ -43,6 +43,10 @@ from gridwatch.wire.scenes import SCENE_CHUNK_BYTES, SceneFile, listing_of
 # per-session limit on running requests (agent/clients.py MAX_PENDING) and its reply queue.
 READ_WINDOW = 4
 CHUNK_TIMEOUT_S = 10.0
+# A copy stops asking for more after this long (the rest stays on the node, and PARTIAL.json says so), so that
+# with a chunk's wait on top it ends inside the capture step's own 60 s: a slow link must not fail the step
+# and hold back the isolation behind it.
+COPY_TIME_S = 40.0
 
 # Asks ``node``'s agent ``read_scene`` with these args, waiting at most this many seconds.
 ReadScene = Callable[[str, dict[str, Any], float], Awaitable[ActionResult]]
@@ -84,16 +88,23 @@ class SceneKeeper:
     """Copies scenes into ``root`` (``<db>.scenes``) through ``read``; at most ``max_bytes`` of each bundle."""
 
     def __init__(self, root: Path, read: ReadScene, max_bytes: int, *, window: int = READ_WINDOW,
-                 chunk_timeout: float = CHUNK_TIMEOUT_S, clock: Callable[[], float] = time.time) -> None:
+                 chunk_timeout: float = CHUNK_TIMEOUT_S, time_limit: float = COPY_TIME_S,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.root = root
         self.read = read
         self.max_bytes = max_bytes
         self.window = max(window, 1)
         self.chunk_timeout = chunk_timeout
+        self.time_limit = time_limit
         self.clock = clock
+        self.monotonic = monotonic
 
     async def keep(self, node: str, incident: str, on_node: str) -> SceneCopy:
-        """Copy the bundle at ``on_node`` (its path on the node) of ``incident`` off ``node``; never raises but on cancel."""
+        """Copy the bundle at ``on_node`` (its path on the node) of ``incident`` off ``node``.
+
+        How it ended is in the answer (a node that died, a checksum that did not match); raises only
+        OSError, when the console's own disk refuses, and CancelledError.
+        """
         scene = PurePosixPath(on_node).name
         if not on_node or safe_name(scene) != scene:
             return SceneCopy(node, incident, on_node, CopyState.NOT_COPIED,
@@ -121,6 +132,7 @@ class _Copy:
         self.node, self.incident, self.on_node, self.scene = node, incident, on_node, scene
         self.dest = dest
         self.started = started
+        self.deadline = keeper.monotonic() + keeper.time_limit
         self.kept: list[KeptFile] = []
         self.failed: list[BadFile] = []
         self.left_out: list[LeftOut] = []
@@ -219,6 +231,9 @@ class _Copy:
         try:
             with open_private(part) as out:
                 while offset < f.size or pending:
+                    if offset < f.size and keeper.monotonic() > self.deadline:
+                        raise _CopyStopped(f"{f.name}: it took longer than {keeper.time_limit:g} s, the rest stays "
+                                           "on the node")
                     while offset < f.size and len(pending) < keeper.window:
                         length = min(SCENE_CHUNK_BYTES, f.size - offset)
                         args = {"scene": self.scene, "file": f.name, "offset": offset, "length": length}
