@@ -52,3 +52,43 @@ async def test_a_megatron_job_s_log_gives_the_console_its_step_loss_and_step_tim
         assert node.trainer_step == status.step and not node.trainer_attached
     finally:
         await stop_agent(ra)
+
+
+async def test_a_scene_keeps_a_slurm_job_s_process_stacks_and_the_tail_of_its_output(keys, tmp_path: Path) -> None:
+    # A job gridwatch did not write tells nothing itself: the agent reads its processes from outside.
+    import subprocess
+    import sys
+
+    from gridwatch.sshlink.server import Caller
+    from gridwatch.wire import protocol as p
+
+    operator = Caller(username="op", role="operator", key="SHA256:op")
+
+    log = tmp_path / "train.log"
+    log.write_text("")
+    rank = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2)"])
+    ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False),
+                           scene_dir=str(tmp_path / "scenes"), jobs_every=0)  # the test says the jobs
+    try:
+        first, second = _megatron_lines()
+        with log.open("a") as fh:
+            fh.write(first + "\n" + second + "\n")
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None, timeout=10,
+                         what="the job's progress read")
+        ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242", user="alice", name="pretrain", nodes="node-[1-3]",
+                                        pids=1)]
+        ra.agent.job_pids = {("slurm", "4242"): [rank.pid]}  # as jobs_on_node finds them by their cgroup
+        res = await ra.agent.act(operator, p.Action(id=p.Text("s1"), action=p.Text("capture_scene"), args={}))
+        assert res.ok, res.message
+        where = Path(res.data["path"])
+        stacks = (where / "job-slurm-4242-stacks.txt").read_text()
+        assert stacks.startswith("# slurm job 4242 user alice name pretrain nodes node-[1-3]")
+        assert f"# pid {rank.pid}: {sys.executable} -c" in stacks and "wchan:" in stacks
+        assert "py-spy" in stacks  # its Python stack, or why there is none
+        output = (where / "job-output.txt").read_text()
+        assert second in output and first in output
+        assert "job-slurm-4242-stacks.txt" in res.data["files"]
+    finally:
+        rank.kill()
+        rank.wait()
+        await stop_agent(ra)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gridwatch.agent.fencing import Handler, guarded
+from gridwatch.agent.job_scene import job_evidence
+from gridwatch.agent.proc_stacks import process_stacks, py_spy_dump
 from gridwatch.agent.scenes import read_scene
 from gridwatch.agent.sources.ib import simulated as ib
 from gridwatch.sshlink.server import Caller
@@ -260,7 +261,7 @@ def _write_scene(agent: Agent, where: Path) -> list[str]:
         _write_private(where / "trainer.json", p.encode(p.Sample(trainer=status)))
         files.append("trainer.json")
         if status.pid and pid_alive(status.pid):
-            _write_private(where / "stacks.txt", _process_stacks(status.pid).encode())
+            _write_private(where / "stacks.txt", process_stacks(status.pid).encode())
             files.append("stacks.txt")
             _write_private(where / "pystacks.txt", python_stacks(int(status.pid), link.socket_path).encode())
             files.append("pystacks.txt")
@@ -268,42 +269,26 @@ def _write_scene(agent: Agent, where: Path) -> list[str]:
         if record is not None:
             _write_private(where / "collectives.json", msgspec.json.encode(record, enc_hook=p.text_enc_hook))
             files.append("collectives.json")
-    meta = json.dumps({"node": str(agent.node), "seq": agent.ring.last_seq, "isolated": agent.isolated})
+    trainer_pid = int(status.pid) if status is not None and status.pid else None
+    for name, data in job_evidence(agent.jobs, agent.job_pids, trainer_pid, agent.tailer):
+        _write_private(where / name, data)
+        files.append(name)
+    meta = json.dumps({"node": str(agent.node), "seq": agent.ring.last_seq, "isolated": agent.isolated,
+                       "jobs": [f"{j.scheduler} {j.id}" for j in agent.jobs]})
     _write_private(where / "meta.json", meta.encode())
     files.append("meta.json")
     return files
 
 
-PY_SPY_TIMEOUT_S = 10.0
-
-
 def python_stacks(pid: int, trainer_socket: str) -> str:
     """Every thread's Python stack of ``pid``: ``py-spy dump`` (works on a frozen process), else the trainer's own dump.
 
-    Fixed argv, no shell, a timeout that kills it; where py-spy is missing or may
-    not trace (ptrace), the first line says so and the trainer's control thread's
-    dump follows (which a frozen trainer cannot give).
+    Where py-spy is missing or may not trace (ptrace), the first line says so and the trainer's control
+    thread's dump follows (which a frozen trainer cannot give).
     """
-    import subprocess
-    import sys
-
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    why = ""
-    if os.access(spy, os.X_OK):
-        argv = [spy, "dump", "--pid", str(int(pid))]
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=PY_SPY_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            why = f"py-spy dump --pid {pid} took over {PY_SPY_TIMEOUT_S:g} s and was killed"
-        except OSError as exc:
-            why = f"py-spy could not start: {exc.strerror or exc}"
-        else:
-            if done.returncode == 0:
-                return f"# py-spy dump --pid {pid}\n" + done.stdout.decode(errors="replace")
-            err = p.clean_text(done.stderr.decode(errors="replace").strip().splitlines()[0] if done.stderr.strip() else "", 200)
-            why = f"py-spy may not trace pid {pid} (ptrace not permitted?): {err or 'exit ' + str(done.returncode)}"
-    else:
-        why = "py-spy is not installed (pip install py-spy)"
+    dump, why = py_spy_dump(pid)
+    if dump is not None:
+        return dump
     from gridwatch.wire.controlsock import TrainerUnavailable, read_stacks
 
     try:
@@ -311,20 +296,6 @@ def python_stacks(pid: int, trainer_socket: str) -> str:
     except TrainerUnavailable as exc:
         return f"# {why}; the trainer's own dump is unavailable too: {exc}\n"
     return f"# {why}; the trainer's own dump (its control thread):\n" + "\n".join(lines) + "\n"
-
-
-def _process_stacks(pid: int) -> str:
-    """Kernel stacks and wait channels of every thread: readable even when Python is stuck."""
-    out = []
-    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
-        parts = [f"thread {task.name}"]
-        for name in ("comm", "wchan", "stack"):
-            try:
-                parts.append(f"  {name}: {(task / name).read_text(errors='replace').strip()}")
-            except OSError as exc:
-                parts.append(f"  {name}: unreadable ({exc.strerror})")
-        out.append("\n".join(parts))
-    return "\n\n".join(out) + "\n"
 
 
 async def dump_collectives(agent: Agent, caller: Caller, action: p.Action) -> p.ActionResult:

@@ -70,6 +70,7 @@ class Agent(Ticking, Serving, Searching):
                 self.log.info("jobs on the node: {}", ", ".join(f"{j.scheduler} {j.id} ({j.user})" for j in jobs)
                               or "none")
             self.jobs = jobs
+            self.job_pids = {(j.scheduler, j.id): list(j.pids) for j in found}
             try:
                 await asyncio.wait_for(self._stop.wait(), self.config.jobs_every)
             except TimeoutError:

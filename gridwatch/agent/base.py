@@ -75,6 +75,7 @@ class AgentBase:
         self._background: set[asyncio.Task[Any]] = set()
         self._trainer_seen_at = float("-inf")  # monotonic: when gridwatch's trainer last answered its socket
         self.jobs: list[p.SchedulerJob] = []  # the scheduler's jobs on this node, read every config.jobs_every
+        self.job_pids: dict[tuple[str, str], list[int]] = {}  # (scheduler, id) -> its processes here, for scenes
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
