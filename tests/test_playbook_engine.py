@@ -377,8 +377,10 @@ def test_the_worker_an_application_xid_kills_is_that_xids_incident_not_a_second_
                                           details={"resolution": "RESTART_APP", "blame": "application"}))
     assert [p.incident.playbook for p in plans] == ["xid-application"]
     clock.advance(5.0)
+    # Its last answer came just before the XID was read (a status poll earlier): still that XID's consequence.
     restarted = Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
-                      message="the trainer on node2 was restarted by torchrun (restart 1)")
+                      message="the trainer on node2 was restarted by torchrun (restart 1)",
+                      details={"fault_at": f"{clock.now() - 5.8:.3f}"})
     assert engine.observe("node2", restarted) == []
     (incident,) = [i for i in engine.incidents() if i.state != "closed"]
     assert incident.playbook == "xid-application" and incident.symptoms == 2

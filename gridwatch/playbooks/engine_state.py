@@ -88,6 +88,11 @@ class _Symptom:
     code: int | None = None  # the XID code, for the repeat rule (same XID, same scope)
 
 
+# A dead worker's fault time is its last answer, which may come before its cause's incident opened by a
+# status poll and the cause's detection (the XID is read on the agent's next tick).
+CONSEQUENCE_LEAD_S = 10.0
+
+
 def _began(details: dict[str, str], now: float) -> float:
     """A symptom's ``fault_at`` detail (the node's time its fault began) when it is a time before now."""
     try:
@@ -314,7 +319,8 @@ class EngineCore:
                 break
             if closed.node == node and closed.state != "merged":
                 candidates.append(closed)
-        causes = [i for i in candidates if i.playbook != pb.name and 0 <= began - i.opened_at <= pb.consequence_within
+        causes = [i for i in candidates if i.playbook != pb.name
+                  and -CONSEQUENCE_LEAD_S <= began - i.opened_at <= pb.consequence_within
                   and kinds & set(i.kind.split("/"))]
         return max(causes, key=lambda i: i.opened_at) if causes else None
 

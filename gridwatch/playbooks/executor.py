@@ -63,7 +63,7 @@ from gridwatch.playbooks.scheduler import (
     incident_of,
 )
 from gridwatch.playbooks.store import STEP_DONE_STATES, IncidentStore, StepRecord, UnknownIncident
-from gridwatch.wire.protocol import ActionResult, AgentAction
+from gridwatch.wire.protocol import ActionResult, AgentAction, ResultCode
 
 __all__ = ["CommandRunner", "Executor", "StepFailed", "StepPending", "PENDING", "PENDING_OUTCOME", "NO_SCHEDULER"]
 
@@ -591,7 +591,11 @@ class Executor:
             args["gpu"] = incident.gpu
         if not step.nodes:
             raise StepFailed("no node to send it to")
-        results = await asyncio.gather(*(self._act(n, action, args, reason) for n in step.nodes))
+        answers = await asyncio.gather(*(self._act(n, action, args, reason) for n in step.nodes))
+        if all(code == ResultCode.NOT_SENT for _, _, _, code in answers):
+            # A watch-only run: nothing was tried, so nothing failed (no escalation, no re-plan of a removal).
+            raise StepSkipped(str(answers[0][2]))
+        results = [(n, ok, msg) for n, ok, msg, _ in answers]
         failed = [f"{n}: {msg}" for n, ok, msg in results if not ok]
         if failed:
             raise StepFailed("; ".join(failed))
@@ -612,12 +616,12 @@ class Executor:
                           for r in before)
         return f"{incident.summary}. Steps: {facts}"
 
-    async def _act(self, node: str, action: str, args: dict[str, Any], reason: str) -> tuple[str, bool, str]:
+    async def _act(self, node: str, action: str, args: dict[str, Any], reason: str) -> tuple[str, bool, str, str]:
         try:
             result = await self.sink.act(node, action, dict(args), reason)
         except (OSError, RuntimeError, ConnectionError) as exc:
-            return node, False, str(exc) or exc.__class__.__name__
-        return node, bool(result.ok), str(result.message)
+            return node, False, str(exc) or exc.__class__.__name__, ""
+        return node, bool(result.ok), str(result.message), str(result.code or "")
 
     async def _wait(self, step: PlannedStep) -> str:
         if self.probe is None:

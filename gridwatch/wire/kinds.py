@@ -130,3 +130,4 @@ class ResultCode(StrEnum):
     """Why an action failed, where a caller acts on the reason (the message is for people)."""
 
     TRAINER_ABSENT = "trainer_absent"  # no trainer listens on the node's control socket (yet): retry while it starts
+    NOT_SENT = "not_sent"  # a watch-only run (a baseline) sends no step that acts: nothing was tried

@@ -34,7 +34,8 @@ class Acting(Recovering):
         args = self._with_checkpoint_step(action, args)
         if not self.acting and action in ACTING_ACTIONS:
             result = ActionResult(id=Text(""), action=Text(action), ok=False, node=Text(node),
-                                  message=Text("not sent: playbooks only watch in this run"))
+                                  message=Text("not sent: playbooks only watch in this run"),
+                                  code=Text(ResultCode.NOT_SENT))
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.trainer_wait
