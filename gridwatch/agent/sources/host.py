@@ -1,7 +1,8 @@
-"""The host itself through psutil: CPU, memory, load, NICs, disk I/O and PSI pressure."""
+"""The host itself: CPU, memory, load, NICs, disk I/O and PSI pressure, from ``/proc`` (psutil for NIC links)."""
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -9,42 +10,43 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from loguru import logger
 
 from gridwatch.agent.sources import Reading
+from gridwatch.agent.sources.procfs import ProcFile, busy_percent, cpu_times, meminfo_kib, net_dev, psi_some_avg10
 from gridwatch.wire.protocol import HostSample, NicSample, Text
 
-_MIB = 1024 * 1024
+_KIB_PER_MIB = 1024
 # Interfaces that carry no training traffic; watching them only adds rows.
 _SKIP_NICS = ("lo",)
+NicCounters = tuple[int, int, int, int, int, int, int, int]  # psutil's order: see procfs.net_dev
 
 
-def _psi_some_avg10(path: Path) -> float | None:
-    """``some avg10`` from a ``/proc/pressure/*`` file: % of the last 10 s some task stalled."""
-    try:
-        first = path.read_text().split("\n", 1)[0]
-    except OSError:
-        return None
-    for part in first.split():
-        if part.startswith("avg10="):
-            try:
-                return float(part[6:])
-            except ValueError:
-                return None
-    return None
+class _NoWrap:
+    """NIC counters that never go backwards, as psutil's ``net_io_counters(nowrap=True)`` gave them.
 
+    A counter lower than last time (a 32-bit one wrapped, or a driver reload
+    reset it) carries what it had counted into what follows, so totals and
+    rates read on as before; an interface that leaves forgets its carry.
+    """
 
-def _busy_percent(before: Any, after: Any) -> float | None:
-    """Share of CPU time not idle (nor waiting on I/O) between two ``psutil.cpu_times()``."""
-    def spent(t: Any) -> float:
-        # Linux counts guest time inside user time too; psutil leaves it out the same way.
-        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    def __init__(self) -> None:
+        self._last: dict[str, NicCounters] = {}
+        self._carry: dict[str, tuple[int, ...]] = {}
 
-    total = spent(after) - spent(before)
-    if total <= 0:
-        return None
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0.0) - getattr(before, "iowait", 0.0))
-    return round(min(max(100.0 * (1.0 - idle / total), 0.0), 100.0), 1)
+    def __call__(self, raw: dict[str, NicCounters]) -> dict[str, NicCounters]:
+        out: dict[str, NicCounters] = {}
+        for name, values in raw.items():
+            before = self._last.get(name)
+            carry = self._carry.get(name)
+            if before is not None and any(map(operator.lt, values, before)):
+                old = carry or (0,) * len(values)
+                carry = self._carry[name] = tuple(c + (b if v < b else 0) for v, b, c in zip(values, before, old))
+            out[name] = values if carry is None else tuple(map(operator.add, values, carry))
+        if self._carry and raw.keys() != self._last.keys():
+            for gone in self._carry.keys() - raw.keys():
+                del self._carry[gone]
+        self._last = raw
+        return out
 
 
 class _DiskStats:
@@ -55,63 +57,77 @@ class _DiskStats:
     """
 
     def __init__(self, proc: Path, sys_block: Path) -> None:
-        self._path = proc / "diskstats"
+        self._file = ProcFile(str(proc / "diskstats"))
         try:
-            self._disks = {d.name for d in sys_block.iterdir() if not d.name.startswith(("loop", "ram", "zram"))}
+            self._disks = {d.name.encode() for d in sys_block.iterdir() if not d.name.startswith(("loop", "ram", "zram"))}
         except OSError:
             self._disks = set()
 
     def read(self) -> tuple[int, int] | None:
         if not self._disks:
             return None
-        try:
-            text = self._path.read_text()
-        except OSError:
+        text = self._file.read()
+        if text is None:
             return None
         read = written = 0
-        for line in text.splitlines():
-            parts = line.split()
+        disks = self._disks
+        for line in text.split(b"\n"):
+            parts = line.split(None, 10)
             # major minor name reads merged sectors_read ms writes merged sectors_written ...
-            if len(parts) > 9 and parts[2] in self._disks:
+            if len(parts) > 9 and parts[2] in disks:
                 read += int(parts[5]) * 512
                 written += int(parts[9]) * 512
         return read, written
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class HostSource:
     """Reads the host once per tick; rates come from counter deltas over ``clock``.
 
-    The constructor takes the first counter readings, so the first ``sample()``
-    already has rates (over the time since construction).
+    Every figure is read every tick (the ``/proc`` files held open, read from
+    their start), except each NIC's link state and speed: every
+    ``NIC_STATS_EVERY`` ticks. The constructor takes the first counter
+    readings, so the first ``sample()`` already has rates (over the time since
+    construction).
     """
 
     name = "host"
     blocking = True  # /proc and /sys reads can stall on a node under memory pressure
-    # Link state and speed change rarely and cost an ioctl per NIC to read.
+    # Link state and speed change rarely and cost an ioctl per NIC to read: every 10 s at 1 s ticks (a link
+    # that goes down shows in its counters and in the kernel log at once).
     NIC_STATS_EVERY = 10
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, proc: str = "/proc", sys_root: str = "/sys") -> None:
         self._clock = clock
-        self._disks = _DiskStats(Path(proc), Path(sys_root) / "block")
+        root = Path(proc)
+        self._disks = _DiskStats(root, Path(sys_root) / "block")
+        self._stat = ProcFile(str(root / "stat"), whole=True)
+        self._meminfo = ProcFile(str(root / "meminfo"), whole=True)
+        self._net_dev = ProcFile(str(root / "net" / "dev"))
+        self._nowrap = _NoWrap()
         self._nic_stats: dict[str, Any] = {}
+        self._nic_names: dict[str, Text] = {}
         self._ticks = 0
-        pressure = Path(proc) / "pressure"
+        pressure = root / "pressure"
         # Kernels before 4.20 (or with psi=0) have no pressure files: N/A for good.
-        self._psi = {name: pressure / name for name in ("cpu", "memory", "io") if (pressure / name).exists()}
-        # CPU % from our own cpu_times deltas: psutil.cpu_percent() keeps one
+        self._psi = [(f"psi_{name}", ProcFile(str(pressure / name), whole=True)) for name in ("cpu", "memory", "io")
+                     if (pressure / name).exists()]
+        # CPU % from our own deltas of /proc/stat: psutil.cpu_percent() keeps one
         # baseline per process, which any other caller would move under us.
-        self._last_cpu = psutil.cpu_times()
+        self._last_cpu = self._cpu_times()
         self._last_t = clock()
         self._last_nics = self._nic_counters()
         self._last_disk = self._disk_counters()
 
-    @staticmethod
-    def _nic_counters() -> dict[str, Any]:
-        try:
-            return psutil.net_io_counters(pernic=True)
-        except (OSError, RuntimeError) as exc:
-            logger.debug("NIC counters unavailable: {}", exc)
-            return {}
+    def _cpu_times(self) -> tuple[int, ...] | None:
+        stat = self._stat.read()
+        return None if stat is None else cpu_times(stat)
+
+    def _nic_counters(self) -> dict[str, NicCounters]:
+        text = self._net_dev.read()
+        return {} if text is None else self._nowrap(net_dev(text))
 
     def _disk_counters(self) -> tuple[int, int] | None:
         return self._disks.read()
@@ -126,11 +142,11 @@ class HostSource:
         dt = now - self._last_t
         nics = self._nic_counters()
         disk = self._disk_counters()
-        cpu = psutil.cpu_times()
-        sample = HostSample(cpu_percent=_busy_percent(self._last_cpu, cpu))
-        mem = psutil.virtual_memory()
-        sample.mem_total_mb = mem.total / _MIB
-        sample.mem_used_mb = (mem.total - mem.available) / _MIB
+        cpu = self._cpu_times()
+        sample = HostSample()
+        if cpu is not None and self._last_cpu is not None:
+            sample.cpu_percent = busy_percent(self._last_cpu, cpu)
+        sample.mem_total_mb, sample.mem_used_mb = self._memory()
         try:
             sample.load1, sample.load5, sample.load15 = os.getloadavg()
         except OSError:
@@ -139,14 +155,33 @@ class HostSource:
         if disk is not None and self._last_disk is not None and dt > 0:
             sample.disk_read_bps = max(disk[0] - self._last_disk[0], 0) / dt
             sample.disk_write_bps = max(disk[1] - self._last_disk[1], 0) / dt
-        for name, path in self._psi.items():
-            setattr(sample, f"psi_{name}", _psi_some_avg10(path))
+        for field, file in self._psi:
+            pressure = file.read()
+            setattr(sample, field, None if pressure is None else psi_some_avg10(pressure))
         if dt > 0:
             self._last_t, self._last_nics, self._last_disk = now, nics, disk
         self._last_cpu = cpu
         return sample
 
-    def _nic_samples(self, counters: dict[str, Any], dt: float) -> list[NicSample]:
+    def _memory(self) -> tuple[float | None, float | None]:
+        """Total and used MB as ``free`` counts them (used: total less MemAvailable), psutil's way."""
+        text = self._meminfo.read()
+        if text is None:
+            return None, None
+        total, available, free = meminfo_kib(text, b"MemTotal", b"MemAvailable", b"MemFree")
+        if total is None:
+            return None, None
+        if not available:  # before 3.14 (or a kernel bug's 0): psutil's estimate, as ``free`` makes it
+            try:
+                mem = psutil.virtual_memory()
+            except (OSError, RuntimeError):
+                return total / _KIB_PER_MIB, None
+            return mem.total / 2**20, (mem.total - mem.available) / 2**20
+        if available > total and free is not None:  # a container's view (LXC): psutil and procps take MemFree
+            available = free
+        return total / _KIB_PER_MIB, (total - available) / _KIB_PER_MIB
+
+    def _nic_samples(self, counters: dict[str, NicCounters], dt: float) -> list[NicSample]:
         if self._ticks % self.NIC_STATS_EVERY == 0:
             try:
                 self._nic_stats = psutil.net_if_stats()
@@ -155,20 +190,28 @@ class HostSource:
         self._ticks += 1
         stats = self._nic_stats
         out = []
+        names = self._nic_names
         for name, c in sorted(counters.items()):
             if name in _SKIP_NICS:
                 continue
-            nic = NicSample(
-                name=Text(name), rx_errors=c.errin, tx_errors=c.errout, rx_drops=c.dropin, tx_drops=c.dropout
-            )
+            text = names.get(name)
+            if text is None:
+                text = names[name] = Text(name)
+            # c: bytes_sent, bytes_recv, packets_sent, packets_recv, errin, errout, dropin, dropout
+            nic = NicSample(name=text, rx_errors=c[4], tx_errors=c[5], rx_drops=c[6], tx_drops=c[7])
             last = self._last_nics.get(name)
             if last is not None and dt > 0:
-                # A counter that went backwards was reset (driver reload): no rate this tick.
-                nic.rx_bps = max(c.bytes_recv - last.bytes_recv, 0) / dt
-                nic.tx_bps = max(c.bytes_sent - last.bytes_sent, 0) / dt
+                # Never lower than before (see _NoWrap); max() keeps a rate from going negative all the same.
+                nic.rx_bps = max(c[1] - last[1], 0) / dt
+                nic.tx_bps = max(c[0] - last[0], 0) / dt
             st = stats.get(name)
             if st is not None:
                 nic.up = st.isup
                 nic.speed_mbps = float(st.speed) if st.speed > 0 else None
             out.append(nic)
         return out
+
+    def close(self) -> None:
+        for file in (self._stat, self._meminfo, self._net_dev, *(f for _, f in self._psi)):
+            file.close()
+        self._disks.close()
