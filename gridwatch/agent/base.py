@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from loguru import logger
 
 from gridwatch.agent.actions import HANDLERS
 from gridwatch.agent.config import AgentConfig
 from gridwatch.agent.durable import _write_durably
+from gridwatch.agent.footprint import Footprint
 from gridwatch.agent.ringbuffer import FrameRing
 from gridwatch.agent.sources import GuardedSource
 from gridwatch.agent.sources.ib.source import IbSource
@@ -103,8 +103,7 @@ class AgentBase:
         self._searching: set[str] = set()  # client keys with a search running
         self.preflight_running: str | None = None  # id of the pre-flight this node is running
         self.gpu_info: list[p.GpuInfo] = gpus.info() if gpus is not None else []
-        self._proc = psutil.Process()
-        self._proc.cpu_percent(None)
+        self._footprint = Footprint()  # the agent's own CPU and memory, for each sample
         self._tick_ms: float | None = None
         self._stop = asyncio.Event()
         self.log = logger.bind(node=str(self.node))

@@ -66,6 +66,7 @@ class Ticking(AgentBase):
         for _, guard in self._guards.values():
             guard.close()
         self._guards.clear()
+        self._footprint.close()
 
     def tick(self) -> None:
         """Read every source once, inline and without deadlines, and publish: for callers that drive an agent by hand."""
@@ -172,15 +173,7 @@ class Ticking(AgentBase):
             self._keep_out(trainer_status)
         if lines:
             self._send_log_lines(lines)
-        stats = p.AgentStats(
-            cpu_percent=self._proc.cpu_percent(None),
-            rss_mb=self._proc.memory_info().rss / 2**20,
-            clients=len(self.clients),
-            dropped_frames=self.dropped_frames,
-            dropped_replies=self.dropped_replies,
-            refused_requests=self.refused_requests,
-            tick_ms=self._tick_ms,
-        )
+        stats = self._own_stats()
         patrol_failing = None
         if self.patrol is not None and getattr(self.patrol, "last", None) is not None:
             patrol_failing = [p.Text(name) for name in sorted(self.patrol.failing)]
@@ -200,6 +193,18 @@ class Ticking(AgentBase):
             self.metrics.update(str(self.node), self.gpu_info, gpu_samples, host, stats)
             self.metrics.record_sources([g.health() for g in guards])
         self._tick_ms = (time.perf_counter() - t0) * 1000
+
+    def _own_stats(self) -> p.AgentStats:
+        """The agent's own footprint and counters, as this tick's sample carries them."""
+        return p.AgentStats(
+            cpu_percent=self._footprint.cpu_percent(),
+            rss_mb=self._footprint.rss_mb(),
+            clients=len(self.clients),
+            dropped_frames=self.dropped_frames,
+            dropped_replies=self.dropped_replies,
+            refused_requests=self.refused_requests,
+            tick_ms=self._tick_ms,
+        )
 
     def _keep_summary(self, summary: p.Summary) -> None:
         self._summaries[summary.seq] = summary
