@@ -198,6 +198,39 @@ def test_error_rate_over_the_threshold_is_degraded_once_per_streak(tmp_path: Pat
     assert kinds(src.read().events) == ["ib_errors"]  # a new streak
 
 
+def test_unchanged_error_counters_are_judged_from_the_last_reading_as_a_full_walk_would(tmp_path: Path) -> None:
+    """A port whose error counters did not move since the last reading is judged from memory: the same
+    errors and pinned counters travel, no delta, and the next move is a delta (and news) as before."""
+    root, clock = tree(tmp_path), Clock()
+    write(root, "counters/symbol_error", "7")
+    write(root, "counters/link_error_recovery", "255")  # 8 bits: pinned
+    src = source(root, clock, error_rate=10.0)
+    first = src.read().ib[0]
+    assert first.errors["symbol_error"] == 7 and "link_error_recovery" in first.saturated
+    for _ in range(3):  # traffic moves, errors do not
+        clock.now += 1
+        bump(root, "counters/port_rcv_data", 1000)
+        reading = src.read()
+        port = reading.ib[0]
+        assert (port.errors, port.saturated, port.deltas) == (first.errors, first.saturated, {})
+        assert reading.events == [] and port.rx_bps == 4000.0
+        port.errors[p.Text("symbol_error")] = 0  # a sample is the wire's: changing it changes nothing judged
+    clock.now += 1
+    bump(root, "counters/symbol_error", 40)
+    reading = src.read()
+    assert reading.ib[0].deltas == {"symbol_error": 40} and reading.ib[0].errors["symbol_error"] == 47
+    assert kinds(reading.events) == ["ib_errors"]
+    clock.now += 1
+    quiet = src.read()
+    assert quiet.ib[0].deltas == {} and quiet.ib[0].errors["symbol_error"] == 47 and quiet.events == []
+    clock.now += 1
+    bump(root, "counters/link_downed", 1)  # an error counter too: news the same tick, from memory or not
+    assert kinds(src.read().events) == ["ib_link_down"]
+    clock.now += 1
+    bump(root, "counters/symbol_error", 40)
+    assert kinds(src.read().events) == ["ib_errors"]  # quiet in between: a new streak
+
+
 def test_traffic_is_bytes_per_second_from_four_byte_words(tmp_path: Path) -> None:
     root, clock = tree(tmp_path), Clock()
     src = source(root, clock)

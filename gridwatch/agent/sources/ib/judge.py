@@ -25,7 +25,8 @@ from gridwatch.wire.protocol import Event, IbPortSample, Severity, Text, clean_t
 _ERROR_ORDER: tuple[tuple[str, Text, int | None], ...] = tuple(
     (name, Text(name), None if width is None else (1 << width) - 1) for name, width in sorted(ERROR_COUNTERS.items())
 )
-
+_ERROR_NAMES = tuple(name for name, _, _ in _ERROR_ORDER)
+_LINK_DOWNED = Text("link_downed")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class _PortMemory:
     down_since: float = 0.0
     reverts: deque[float] = field(default_factory=deque)
     degraded: bool = False
+    # The error counters as last judged (None: not read), and what they gave: a port's errors rarely move, so
+    # a reading whose error counters are the same as the last one's is judged from these, not walked again.
+    error_values: tuple[int | None, ...] = ()
+    errors: dict[Text, int] = field(default_factory=dict)
+    saturated: list[Text] = field(default_factory=list)
 
 
 class IbJudge:
@@ -90,23 +96,20 @@ class IbJudge:
             device=Text(port.device), port=port.port, state=_text(port.state), phys_state=_text(port.phys_state),
             rate_gbps=port.rate_gbps, link_layer=_text(port.link_layer),
         )
-        errors: dict[Text, int] = {}
-        saturated: list[Text] = []
-        for name, text, ceiling in _ERROR_ORDER:
-            value = counters.get(name)
-            if value is None:
-                continue
-            if value:
-                errors[text] = value
-            if ceiling is not None and value >= ceiling:
-                saturated.append(text)
-        sample.errors, sample.saturated = errors, saturated
+        values = tuple(map(counters.get, _ERROR_NAMES))
         mem = self._memory.get(key)
+        unchanged = mem is not None and values == mem.error_values
+        if unchanged and mem is not None:
+            # Copies: a sample is the wire's, the memory the judge's.
+            sample.errors, sample.saturated = dict(mem.errors), list(mem.saturated)
+        else:
+            sample.errors, sample.saturated = _errors(counters)
         events: list[Event] = []
         if mem is None:  # the first reading is the baseline: nothing to compare yet
-            self._memory[key] = _PortMemory(counters=counters, at=now, active=port.active)
+            mem = self._memory[key] = _PortMemory(counters=counters, at=now, active=port.active)
             if port.active is False:
-                self._memory[key].phase, self._memory[key].down_since = FlapPhase.DOWN, now
+                mem.phase, mem.down_since = FlapPhase.DOWN, now
+            mem.error_values, mem.errors, mem.saturated = values, dict(sample.errors), list(sample.saturated)
             return sample, events
         dt = now - mem.at
         before = mem.counters
@@ -115,15 +118,10 @@ class IbJudge:
                 grown = _grown(before, counters, name)
                 if grown is not None:
                     setattr(sample, word_bps, grown * DATA_WORD_BYTES / dt)
-        deltas: dict[Text, int] = {}
-        for name, text, _ in _ERROR_ORDER:
-            last = before.get(name)
-            if last is None or counters.get(name, last) == last:
-                continue  # not read both times, or unchanged: most counters, most ticks
-            grown = _grown(before, counters, name)
-            if grown is not None and grown > 0:
-                deltas[text] = grown
-        sample.deltas = deltas
+        # Same error counters as last time (most ports, most ticks): no counter grew, as the walk would find.
+        sample.deltas = {} if unchanged else _deltas(before, counters)
+        if not unchanged:
+            mem.error_values, mem.errors, mem.saturated = values, dict(sample.errors), list(sample.saturated)
         events += self._state_events(port, mem, sample, now)
         events += self._error_events(port, mem, sample, dt)
         mem.counters, mem.at = counters, now
@@ -131,8 +129,9 @@ class IbJudge:
 
     def _state_events(self, port: IbPort, mem: _PortMemory, sample: IbPortSample, now: float) -> list[Event]:
         events: list[Event] = []
-        downed = sample.deltas.get(Text("link_downed"), 0)
-        went_down = mem.active is True and port.active is False
+        downed = sample.deltas.get(_LINK_DOWNED, 0)
+        active = port.active
+        went_down = mem.active is True and active is False
         if went_down or downed:
             why = []
             if went_down:
@@ -142,11 +141,11 @@ class IbJudge:
             events.append(self._event(port, "ib_link_down", Severity.CRITICAL,
                                       f"link down: {', '.join(why)}; collectives over it stall or fail",
                                       counter="link_downed" if downed else None, delta=downed or None))
-        elif mem.active is False and port.active is True:
+        elif mem.active is False and active is True:
             events.append(self._event(port, "ib_link_up", Severity.INFO, f"link back to {port.state}"))
-        if port.active is not None:
-            mem.active = port.active
-        flap = self._flap(mem, port.active, now)
+        if active is not None:
+            mem.active = active
+        flap = self._flap(mem, active, now)
         if flap is not None:
             events.append(self._event(port, "ib_link_flap", Severity.CRITICAL, flap))
         return events
@@ -177,6 +176,9 @@ class IbJudge:
     def _error_events(self, port: IbPort, mem: _PortMemory, sample: IbPortSample, dt: float) -> list[Event]:
         if dt <= 0:
             return []
+        if not sample.deltas:  # nothing grew: not over any rate
+            mem.degraded = False
+            return []
         rates = {str(k): v / dt for k, v in sample.deltas.items() if str(k) not in FATAL_COUNTERS}
         worst = max(rates.items(), key=lambda kv: kv[1], default=None)
         over = worst is not None and worst[1] > self.thresholds.error_rate
@@ -201,6 +203,34 @@ class IbJudge:
             message=Text(clean_text(f"{port.device} port {port.port}: {message}")),
             details={Text(k): Text(clean_text(str(v), 200)) for k, v in details.items() if v is not None},
         )
+
+
+def _errors(counters: dict[str, int]) -> tuple[dict[Text, int], list[Text]]:
+    """The error counters that are not zero, and those stuck at their ceiling (saturated), in the wire's order."""
+    errors: dict[Text, int] = {}
+    saturated: list[Text] = []
+    for name, text, ceiling in _ERROR_ORDER:
+        value = counters.get(name)
+        if value is None:
+            continue
+        if value:
+            errors[text] = value
+        if ceiling is not None and value >= ceiling:
+            saturated.append(text)
+    return errors, saturated
+
+
+def _deltas(before: dict[str, int], counters: dict[str, int]) -> dict[Text, int]:
+    """How much each error counter read both times grew."""
+    deltas: dict[Text, int] = {}
+    for name, text, _ in _ERROR_ORDER:
+        last = before.get(name)
+        if last is None or counters.get(name, last) == last:
+            continue  # not read both times, or unchanged: most counters, most ticks
+        grown = _grown(before, counters, name)
+        if grown is not None and grown > 0:
+            deltas[text] = grown
+    return deltas
 
 
 def _grown(before: dict[str, int], after: dict[str, int], name: str) -> int | None:
