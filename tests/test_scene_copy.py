@@ -389,3 +389,17 @@ async def test_a_copy_that_takes_too_long_stops_and_says_the_rest_stays_on_the_n
     bundle = tmp_path / "store" / "inc-1" / "node-1" / on_node.name
     partial = json.loads((bundle / PARTIAL).read_text())
     assert [m["name"] for m in partial["missing"]] == ["core.bin"] and "meta.json" in partial["arrived"]
+
+
+async def test_the_export_names_a_kept_file_that_no_longer_matches_its_checksum(
+        linked, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, fleet, on_node = linked
+    db = tmp_path / "incidents.db"
+    copy = await SceneKeeper(scenes_path_for(db), Reads(fleet), max_bytes=64 * 10**6).keep("node-1", "inc-1",
+                                                                                           str(on_node))
+    assert copy.state is CopyState.WHOLE and copy.where is not None
+    (copy.where / "meta.json").write_text("{}")  # changed on the console's disk since
+    out = tmp_path / "t.tar.gz"
+    assert main(["scene", "inc-1", "--db", str(db), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{on_node.name}/meta.json no longer matches its sha256" in err
