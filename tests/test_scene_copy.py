@@ -403,3 +403,31 @@ async def test_the_export_names_a_kept_file_that_no_longer_matches_its_checksum(
     assert main(["scene", "inc-1", "--db", str(db), "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{on_node.name}/meta.json no longer matches its sha256" in err
+
+
+async def test_a_repeated_capture_step_still_names_its_bundle_across_an_agent_restart(keys, tmp_path: Path) -> None:
+    # A console finishing a plan another left half-done repeats the step: the agent answers with the first
+    # outcome, and where its scene is, so that console copies the scene too.
+    state, scenes = tmp_path / "node-1.state.json", tmp_path / "scenes"
+    ra = await start_agent(keys, name="node-1", state_file=str(state), scene_dir=str(scenes))
+    fleet = _fleet(keys, ra.spec)
+    await fleet.start()
+    try:
+        await wait_until(lambda: fleet.connected == 1, 10, "the link")
+        first = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="t", fence=7, key="inc-1/0")
+        assert first.ok and first.data["path"]
+        await fleet.stop()
+        await stop_agent(ra)
+        ra = await start_agent(keys, name="node-1", state_file=str(state), scene_dir=str(scenes))
+        fleet = _fleet(keys, ra.spec)
+        await fleet.start()
+        await wait_until(lambda: fleet.connected == 1, 10, "the link after the restart")
+        again = await fleet.action("node-1", "capture_scene", {"incident": "inc-1"}, reason="t", fence=8, key="inc-1/0")
+        assert again.ok and again.data.get("repeat") is True and again.data["path"] == first.data["path"]
+        assert len(list(scenes.iterdir())) == 1
+        copy = await SceneKeeper(tmp_path / "store", Reads(fleet), max_bytes=64 * 10**6).keep(
+            "node-1", "inc-1", str(again.data["path"]))
+        assert copy.state is CopyState.WHOLE, copy.line()
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)

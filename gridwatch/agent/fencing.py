@@ -21,7 +21,7 @@ import json
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 # Step outcomes kept per agent; the oldest go first (a plan is finished long before a thousand more steps).
 MAX_KEYS = 1000
+# What of a first outcome's data a repeat gets back too: where a captured scene is, so that the console
+# finishing a plan can still copy it off the node.
+KEPT_DATA = ("path",)
 
 Handler = Callable[["Agent", "Caller", p.Action], Coroutine[Any, Any, p.ActionResult]]
 
@@ -49,6 +52,7 @@ def refusal(token: int, newest: int) -> str:
 class Outcome:
     action: str
     message: str
+    data: dict[str, str] = field(default_factory=dict)
 
 
 class FenceBook:
@@ -66,8 +70,9 @@ class FenceBook:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             self.newest = int(data.get("newest", 0))
-            for key, action, message in data.get("steps", [])[-MAX_KEYS:]:
-                self.steps[str(key)] = Outcome(str(action), str(message))
+            for key, action, message, *rest in data.get("steps", [])[-MAX_KEYS:]:
+                kept = rest[0] if rest and isinstance(rest[0], dict) else {}  # a file from before data was kept
+                self.steps[str(key)] = Outcome(str(action), str(message), {str(k): str(v) for k, v in kept.items()})
         except FileNotFoundError:
             return
         except (OSError, ValueError, TypeError, AttributeError) as exc:
@@ -80,7 +85,7 @@ class FenceBook:
             return
         from gridwatch.agent.durable import _write_durably
 
-        data = {"newest": self.newest, "steps": [[k, o.action, o.message] for k, o in self.steps.items()]}
+        data = {"newest": self.newest, "steps": [[k, o.action, o.message, o.data] for k, o in self.steps.items()]}
         _write_durably(self.path, json.dumps(data).encode())
 
     def admit(self, token: int | None) -> str | None:
@@ -98,8 +103,8 @@ class FenceBook:
         found = self.steps.get(key)
         return found if found is not None and found.action == action else None
 
-    def remember(self, key: str, action: str, message: str) -> None:
-        self.steps[key] = Outcome(action, message)
+    def remember(self, key: str, action: str, message: str, data: dict[str, str] | None = None) -> None:
+        self.steps[key] = Outcome(action, message, data or {})
         self.steps.move_to_end(key)
         while len(self.steps) > MAX_KEYS:
             self.steps.popitem(last=False)
@@ -139,18 +144,18 @@ def guarded(handler: Handler) -> Handler:
         first = book.first(key, name)
         if first is not None:
             agent.log.info("step {} ({}) was done already; answered with its first outcome", key, name)
-            return _answer(action, True, first.message, repeat=True)
+            return _answer(action, True, first.message, repeat=True, **first.data)
         if key in book.running:
             # The same step sent twice at once (a console and its successor): the second waits for the first.
             result = await asyncio.shield(book.running[key])
-            return _answer(action, result.ok, str(result.message), repeat=True)
+            return _answer(action, result.ok, str(result.message), repeat=True, **_kept(result))
         done: asyncio.Future[p.ActionResult] = asyncio.get_running_loop().create_future()
         book.running[key] = done
         try:
             result = await handler(agent, caller, action)
             if result.ok:
                 try:
-                    book.remember(key, name, str(result.message))
+                    book.remember(key, name, str(result.message), _kept(result))
                 except OSError as exc:
                     agent.log.error("step {} done but not kept in {}: {}", key, book.path, exc.strerror or exc)
             done.set_result(result)
@@ -164,6 +169,10 @@ def guarded(handler: Handler) -> Handler:
 
     run.__name__ = getattr(handler, "__name__", "handler")
     return run
+
+
+def _kept(result: p.ActionResult) -> dict[str, str]:
+    return {k: str(v) for k, v in result.data.items() if k in KEPT_DATA and isinstance(v, str)}
 
 
 def _answer(action: p.Action, ok: bool, message: str, **data: object) -> p.ActionResult:

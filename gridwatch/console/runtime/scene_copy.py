@@ -108,8 +108,8 @@ class SceneKeeper:
         scene = PurePosixPath(on_node).name
         if not on_node or safe_name(scene) != scene:
             return SceneCopy(node, incident, on_node, CopyState.NOT_COPIED,
-                             why="the agent named no bundle (a repeated step is answered without one); "
-                                 "the scene is on the node only")
+                             why="the agent named no bundle (an agent before scene copies answers a repeated "
+                                 "step without one); the scene is on the node only")
         listed = await self.read(node, {"scene": scene}, self.chunk_timeout)
         dest = incident_dir(self.root, incident) / safe_name(node) / scene
         started = self.clock()
