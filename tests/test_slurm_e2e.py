@@ -123,7 +123,8 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool) -> AsyncIterator[Deployment]:  # noqa: ANN001
+async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool,  # noqa: ANN001
+                  agent_args: Callable[[str], list[str]] | None = None) -> AsyncIterator[Deployment]:
     slurm.reset()
     ports = {name: free_port() for name in NODES}
     run_dir = tmp_path / "run"
@@ -131,7 +132,8 @@ async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool) -> A
     # second (a heartbeat is lost after three missed): on a shared two-core box four busy ranks can hold an agent
     # back for a second, and a lost heartbeat would be a second, unplanned incident.
     agents = [spawn_agent(keys, port, name, "--interval", "1", "--trainer-socket",
-                          str(run_dir / "control" / f"{name}.sock"), log=tmp_path / f"{name}.log")
+                          str(run_dir / "control" / f"{name}.sock"), *(agent_args(name) if agent_args else []),
+                          log=tmp_path / f"{name}.log")
               for name, port in ports.items()]
     db = tmp_path / "incidents.db"
     cluster = tmp_path / "cluster.toml"
@@ -346,3 +348,94 @@ async def test_a_node_returned_from_the_cli_while_its_drain_is_pending_is_not_dr
                 what="node-3's slurmd registered again")
     assert not d.slurm.drained("node-3"), d.slurm.node("node-3")
     assert d.step(incident, "drain_node")[0] == "skipped"
+
+
+JOB = ROOT / "tests" / "jobs" / "plain_loop.py"
+
+
+@pytest.fixture
+async def plain_job(slurm_cluster: SlurmCluster, keys, tmp_path: Path) -> AsyncIterator[tuple[Deployment, Path]]:  # noqa: ANN001
+    """The deployment, each agent tailing its node's log of a job gridwatch did not write and reading its jobs
+    every second (from the processes' Slurm environment: these slurmds share one host and use no cgroups)."""
+    work = tmp_path / "job"
+    (work / "logs").mkdir(parents=True)
+
+    def args(name: str) -> list[str]:
+        config = tmp_path / f"{name}.toml"
+        config.write_text("[agent]\njobs_every = 1\n")
+        return ["--config", str(config), "--log", str(work / "logs" / f"{name}.log"), "--scene-dir",
+                str(tmp_path / "scenes" / name)]
+
+    async with _deploy(slurm_cluster, keys, tmp_path, trainer=False, agent_args=args) as d:
+        yield d, work
+
+
+def _expand(slurm: SlurmCluster, nodelist: str) -> list[str]:
+    """Slurm's NodeList (node-[1,3-4]) as names, read by Slurm's own scontrol, not the product's hostlist."""
+    return slurm.scontrol("show", "hostnames", nodelist).split()
+
+
+def _iteration(log: Path) -> int:
+    """The newest iteration a node's log printed, read without the product's parser."""
+    import re
+
+    found = re.findall(r"iteration +(\d+)/", log.read_text(errors="replace")) if log.exists() else []
+    return int(found[-1]) if found else -1
+
+
+async def test_a_slurm_job_gridwatch_did_not_write_is_requeued_off_a_bad_node_and_recovers_from_its_checkpoint(
+        plain_job: tuple[Deployment, Path]) -> None:
+    d, work = plain_job
+    script = work / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec srun {PYTHON} {JOB} {work} 0.2\n")
+    script.chmod(0o755)
+    done = subprocess.run(["sbatch", "--parsable", "--requeue", "-N", "3", "-J", "pretrain",
+                           "-o", str(work / "slurm-%j.out"), str(script)], env=d.slurm.env(), capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    logs = work / "logs"
+    await _wait(d, lambda: d.slurm.job(job_id).get("JobState") == "RUNNING", timeout=30, what="the job started")
+    ran_on = [n for n in NODES if n in _expand(d.slurm, d.slurm.job(job_id)["NodeList"])]
+    bad, spare = ran_on[1], next(n for n in NODES if n not in ran_on)
+    await _wait(d, lambda: min(_iteration(logs / f"{n}.log") for n in ran_on) > 15,
+                timeout=60, what=f"the job iterating on {', '.join(ran_on)}")
+    # The agents name the job and read its progress from its log, so the console knows its step.
+    await _wait(d, lambda: any(line.startswith("training: ") and "at step" in line for line in d.lines), timeout=30,
+                what="the console to hear the job's progress")
+
+    assert "XID 79" in d.fault(bad)
+    await _wait(d, lambda: d.incident("xid-hardware", bad), timeout=30, what="the xid-hardware incident")
+    incident = d.incident("xid-hardware", bad)
+    assert incident is not None
+    await _wait(d, lambda: d.steps(incident) and all(s not in ("planned", "running", "pending")
+                                                     for _, s, _ in d.steps(incident)),
+                timeout=90, what="the plan to finish")
+    for name in ("capture_scene", "isolate_node", "drain_node", "requeue_job", "notify"):
+        assert d.step(incident, name)[0] == "done", (name, _explain(d, incident))
+    assert d.step(incident, "restart_from_checkpoint")[0] == "skipped"  # the requeue restarted it
+    assert f"slurm job {job_id}" in d.query("SELECT summary FROM incidents WHERE id=?", incident)[0][0]
+    # The scene, kept before anything touched the node, holds the job's own processes' stacks and output.
+    scene = next((Path(o.split("scene kept in ", 1)[1].split(";")[0].strip()) for n, _, o in d.steps(incident)
+                  if n == "capture_scene" and "scene kept in " in o), None)
+    assert scene is not None and (scene / f"job-slurm-{job_id}-stacks.txt").exists(), d.step(incident, "capture_scene")
+    assert "iteration" in (scene / "job-output.txt").read_text()
+
+    # Slurm requeued it once, off the bad node (drained), and it runs again from its checkpoint on three nodes.
+    assert d.slurm.drained(bad)
+    await _wait(d, lambda: d.slurm.job(job_id).get("JobState") == "RUNNING"
+                and d.slurm.job(job_id).get("Restarts") == "1", timeout=60, what="the job running again, requeued once")
+    nodes = _expand(d.slurm, d.slurm.job(job_id)["NodeList"])
+    assert bad not in nodes and spare in nodes, nodes
+    ((fault_step,),) = d.query("SELECT fault_step FROM incidents WHERE id=?", incident)
+    assert fault_step is not None and fault_step > 15
+    await _wait(d, lambda: _iteration(logs / f"{spare}.log") > fault_step, timeout=60,
+                what=f"the requeued job past the fault's step on {spare}")
+    assert "restart 1: rank" in (logs / f"{spare}.log").read_text()
+    # Recovered when the job's own log passed the fault's step; the times and the cost are in the database.
+    await _wait(d, lambda: d.query("SELECT recovered_at FROM incidents WHERE id=?", incident)[0][0] is not None,
+                timeout=60, what="the incident marked recovered")
+    ((detect_s, recover_s),) = d.query("SELECT detect_s, recover_s FROM incident_times WHERE id=?", incident)
+    assert 0 <= detect_s < 10 and 0 < recover_s < 60, (detect_s, recover_s)
+    await _wait(d, lambda: d.query("SELECT steps_lost FROM incidents WHERE id=?", incident)[0][0] is not None,
+                timeout=30, what="the incident's cost recorded")
