@@ -57,6 +57,7 @@ class _Progress:
     step: int
     since: float  # console time the step was first seen
     blamed: bool = False  # this stall already has a verdict naming a culprit
+    told_none: bool = False  # the log already said this stall's records name no culprit (read again, said once)
 
 
 @dataclass
@@ -120,11 +121,14 @@ class HangWatch:
             return
         finally:
             self._busy.discard(job)
-        if verdict is None or not verdict.culprits:
-            logger.info("collective records of job {!r} ({}) name no culprit: {}", job, why,
-                        verdict.summary if verdict is not None else "no rank waits in a collective")
-            return
         seen = self._progress.get(job)
+        if verdict is None or not verdict.culprits:
+            if seen is None or not seen.told_none:
+                logger.info("collective records of job {!r} ({}) name no culprit: {}", job, why,
+                            verdict.summary if verdict is not None else "no rank waits in a collective")
+            if seen is not None:
+                seen.told_none = True
+            return
         if seen is not None:
             seen.blamed = True
         self.verdicts.append((job, verdict))
