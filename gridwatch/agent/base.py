@@ -23,6 +23,7 @@ from gridwatch.agent.durable import _write_durably
 from gridwatch.agent.footprint import Footprint
 from gridwatch.agent.ringbuffer import FrameRing
 from gridwatch.agent.sources import GuardedSource
+from gridwatch.agent.sources.batch import BatchedReads
 from gridwatch.agent.sources.ib.source import IbSource
 from gridwatch.agent.watch import Watcher
 from gridwatch.sshlink.ratelimit import KeyedBuckets, LogLimiter
@@ -98,6 +99,7 @@ class AgentBase:
         self.budgets = KeyedBuckets(config.action_rate, config.action_burst, monotonic)
         self._monotonic = monotonic
         self._guards: dict[str, tuple[object, GuardedSource]] = {}
+        self._readers = BatchedReads()  # the blocking sources' reads, one shared thread a tick
         self._refusal_log = LogLimiter(clock=monotonic)
         self.searches = 0  # search workers running now
         self._searching: set[str] = set()  # client keys with a search running

@@ -59,11 +59,16 @@ class Ticking(AgentBase):
         :meth:`run` ends with this, so that no reader thread outlives the agent
         (one hung past the deadline is left to its daemon thread).
         """
-        await asyncio.gather(*(guard.stop_reading() for _, guard in self._guards.values()))
+        await asyncio.gather(self._readers.stop(self.config.source_timeout),
+                             *(guard.stop_reading() for _, guard in self._guards.values()))
 
     def close_sources(self) -> None:
         """Close what the sources hold open (NVML, log files); a source still hung at its deadline is left alone."""
+        busy = self._readers.close(self.config.source_timeout)
         for _, guard in self._guards.values():
+            if guard in busy:
+                self.log.warning("source {} left open: a read is still hung in it", guard.name)
+                continue
             guard.close()
         self._guards.clear()
         self._footprint.close()
@@ -75,12 +80,19 @@ class Ticking(AgentBase):
         self._publish_tick(guards, [g.read_now() for g in guards], t0)
 
     async def tick_async(self) -> None:
-        """One tick of :meth:`run`: every source read at once, each within its deadline, then published."""
+        """One tick of :meth:`run`: every source read once, each within its deadline, then published.
+
+        The blocking ones (NVML, the host, logs, sysfs) are read in one shared thread
+        (:class:`gridwatch.agent.sources.batch.BatchedReads`), the rest inline: one
+        hand-off to a thread and back a tick, not one per source.
+        """
         t0 = time.perf_counter()
         guards = self.sources()
-        if any(g.blocking for g in guards):
-            outcomes = list(await asyncio.gather(*(g.read() for g in guards)))
-        else:  # nothing to wait for (simulated GPUs, a trainer link): no task per tick
+        blocking = [g for g in guards if g.blocking]
+        if blocking:
+            read = iter(await self._readers.read(blocking))
+            outcomes = [next(read) if g.blocking else g.read_now() for g in guards]
+        else:  # nothing to wait for (simulated GPUs, a trainer link)
             outcomes = [g.read_now() for g in guards]
         self._publish_tick(guards, outcomes, t0)
 

@@ -5,8 +5,10 @@ As node_exporter's collectors: every source implements :class:`Source`
 once per tick, times it and isolates it. A source that raises or hangs is an
 event naming it (once per failure streak, and once when it answers again); the
 rest of the sample still goes out. A blocking source (NVML, ``/proc``, log
-files) is read in its own thread under a deadline, and a read that is still
-hung is never joined by a second one.
+files) is read off the loop under its own deadline (the agent's tick reads
+them one after another in one shared thread, :mod:`gridwatch.agent.sources.batch`;
+a read past its deadline keeps that thread as its own), and a read that is
+still hung is never joined by a second one.
 
 Within a reading, a field the hardware cannot give is N/A (``None``), never an
 exception out of ``read()``.
@@ -125,6 +127,16 @@ class _Worker:
         self._thread: threading.Thread | None = None
         self.stopped = False  # told to end: a later read needs a new worker
 
+    def rename(self, name: str) -> None:
+        """Name the thread for what it reads now (``source-host+logs``; a hung read's source alone after)."""
+        self._name = name
+        if self._thread is not None:
+            self._thread.name = f"source-{name}"
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -227,15 +239,27 @@ class GuardedSource:
 
     async def read(self) -> Outcome:
         """One read under the deadline; ``reading`` is None when the source failed or hung."""
-        events: list[Event] = []
-        if self._pending is not None:
-            if not self._pending.done():
-                self.failures += 1
-                return Outcome(None)  # still hung: a second read would only pile up behind it
-            events += self._late(self._pending)
-            self._pending = None
+        still_hung, events = self.resume()
+        if still_hung is not None:
+            return still_hung
         if not self.blocking:
             return self._inline(events)
+        return await self.read_alone(events)
+
+    def resume(self) -> tuple[Outcome | None, list[Event]]:
+        """Before a read: the tick's outcome when a read past its deadline is still running (no second read
+        is started behind it), else None and the events of one that has since answered."""
+        if self._pending is None:
+            return None, []
+        if not self._pending.done():
+            self.failures += 1
+            return Outcome(None), []  # still hung: a second read would only pile up behind it
+        events = self._late(self._pending)
+        self._pending = None
+        return None, events
+
+    async def read_alone(self, events: list[Event]) -> Outcome:
+        """One read in this source's own thread under its deadline (after :meth:`resume` said it may)."""
         if self._worker is None or self._worker.stopped:
             self._worker = _Worker(self.name)
         self._started = self.clock()
@@ -247,6 +271,32 @@ class GuardedSource:
             events += self._fail(SourceState.HUNG, f"no answer within {self.timeout:g} s")
             return Outcome(None, events)
         return self._finished(fut, events)
+
+    def answered(self, started: float, ended: float, result: Any, error: BaseException | None,
+                 events: list[Event]) -> Outcome:
+        """A read another thread ran for this source (:mod:`gridwatch.agent.sources.batch`) that answered in time."""
+        self._started, self.duration_s = started, ended - started
+        if error is not None:
+            return Outcome(None, events + self._fail(SourceState.FAILED, _why(error), error))
+        return Outcome(result, events + self._ok())
+
+    def hung_in(self, worker: _Worker, pending: asyncio.Future[Any], started: float, events: list[Event]) -> Outcome:
+        """A read another thread ran for this source that is past its deadline: the thread, stuck in it, is now
+        this source's own (ended, or closed under, as its own), and ``pending`` answers when the read does."""
+        self._pending, self._started, self.duration_s = pending, started, None
+        if self._worker is not None and self._worker is not worker:
+            self._worker.stop()
+        self._worker = worker
+        worker.rename(self.name)
+        return Outcome(None, events + self._fail(SourceState.HUNG, f"no answer within {self.timeout:g} s"))
+
+    def retire_thread(self) -> None:
+        """This source is read in a shared thread again: its own (the one a past hang left it) ends."""
+        if self._worker is not None and not self.busy:
+            self._worker.stop()
+            # Idle (its read answered): it ends at once; waited for, so no thread outlives its reads.
+            self._worker.join(1.0)
+            self._worker = None
 
     def read_now(self) -> Outcome:
         """One read in the caller's thread, without a deadline (a hung source is skipped)."""
