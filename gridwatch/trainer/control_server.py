@@ -241,9 +241,15 @@ class ControlServer:
         self._log.info("control: {} {} queued", req.cmd, req.args or "")
         return ControlReply(ok=True, message=f"{req.cmd} accepted; applied at the next step boundary")
 
-    def take(self) -> list[ControlRequest]:
-        """Every control received since the last call, oldest first."""
+    def take(self, wait: float = 0.0) -> list[ControlRequest]:
+        """Every control received since the last call, oldest first; with ``wait``, block up to that long for one."""
         out: list[ControlRequest] = []
+        if wait > 0:
+            # A paused loop sleeps here, so the resume that wakes it takes effect at once.
+            try:
+                out.append(self._queue.get(timeout=wait))
+            except queue.Empty:
+                return out
         while True:
             try:
                 out.append(self._queue.get_nowait())

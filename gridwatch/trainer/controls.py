@@ -11,10 +11,12 @@ the newest generation).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from gridwatch.wire.control import ControlCommand, ControlRequest, restart_target
+
+if TYPE_CHECKING:
+    import torch
 
 NO_BOUND = float(2**52)  # a "before" bound no checkpoint reaches: none asked for
 
@@ -72,6 +74,8 @@ class Controls:
 
     def to_tensor(self, world: int) -> torch.Tensor:
         """The vector to all-reduce with MAX, with a "leave" slot for each of ``world`` ranks."""
+        import torch  # here, not above: a user's loop reads its controls through this class without a group
+
         head = {
             "pause": float(self.pause), "resume": float(self.resume), "checkpoint": float(self.checkpoint),
             "restart": float(self.restart),
