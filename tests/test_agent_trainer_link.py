@@ -162,3 +162,18 @@ def test_a_restarted_trainer_dates_its_crash_at_its_previous_lifes_last_answer()
     link.answered(p.TrainerStatus(phase=p.Text("training"), step=6, pid=1002, events=[again]))
     (event,) = link.take_events()
     assert p.fault_time(event) == told
+
+
+def test_a_trainer_that_had_left_the_job_and_starts_again_is_a_return_not_a_crash():
+    """The node was out, its worker had left the job; started again when the node is returned, torchrun's
+    restart count says "restarted", but nothing crashed: no playbook must take it for a fault."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.answered(p.TrainerStatus(phase=p.Text("left"), step=50, pid=1001))
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=1, ts=time.time(), message=p.Text("the trainer was restarted by torchrun (restart 2)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1002, events=[restart]))
+    (event,) = link.take_events()
+    assert event.kind == "trainer_rejoined" and event.severity == "info"
+    assert "not a crash" in event.message

@@ -161,15 +161,30 @@ class TrainerLink:
         self.attached = True
         before, self.last_ok = self.last_ok, time.time()
         previous_pid = self.status.pid if self.status is not None else None
+        had_left = self.status is not None and self.status.phase == p.TrainerPhase.LEFT
         fresh = events_after(status, self._seen_event_seq)
         if fresh:
             self._seen_event_seq = max(e.seq for e in fresh)
             if before is not None and previous_pid and previous_pid != status.pid:
-                _date_restart(fresh, before)
+                if had_left:
+                    _as_return(fresh)
+                else:
+                    _date_restart(fresh, before)
             # Re-numbered when the agent publishes them into its own stream.
             self._events.extend(fresh)
         status.events = []  # relayed once as events, not again in every sample
         self.status = status
+
+
+def _as_return(events: list[p.Event]) -> None:
+    """A trainer whose previous life had left the job (its node was out) and is started again is the node's
+    return to the job, not a crash: told as ``trainer_rejoined``, which no playbook answers as a fault."""
+    for event in events:
+        if event.kind == "trainer_restarted":
+            event.kind = p.Text("trainer_rejoined")
+            event.severity = p.Text("info")
+            event.message = p.Text(f"{event.message} (its previous life had left the job: this is its return, "
+                                   "not a crash)")
 
 
 def _date_restart(events: list[p.Event], last_heard: float) -> None:

@@ -50,6 +50,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "trainer_left",
         "trainer_kept_out",  # an isolated node's trainer found in the job again, told to leave
         "trainer_restarted",
+        "trainer_rejoined",  # a trainer that had left the job (its node out) started again: a return, not a crash
         "trainer_hang",
         "membership",
         "checkpoint",
