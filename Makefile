@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev,trainer,console]'
+	$(BIN)/pip install --quiet -e '.[dev,trainer,console,frameworks]'
 	touch $(STAMP)
 
 install: $(STAMP)

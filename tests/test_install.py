@@ -117,7 +117,10 @@ def test_a_nodes_install_has_no_textual_or_torch_and_the_extras_bring_them() -> 
 
 def test_the_makefile_installs_everything_as_before() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"pip install .*-e '\.\[dev,trainer,console\]'", makefile), "make install must bring every extra"
+    found = re.search(r"pip install .*-e '\.\[([a-z,]+)\]'", makefile)
+    assert found, "make install installs the package, editable, with its extras"
+    extras = set(_pyproject()["project"]["optional-dependencies"])
+    assert set(found.group(1).split(",")) == extras, "make install must bring every extra"
 
 
 # ---------------------------------------------------------------------------------------------- systemd units

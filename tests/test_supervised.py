@@ -161,3 +161,13 @@ async def test_bad_input_is_refused_and_never_acted_on(loop: Loop) -> None:
         assert not any(t.leave or t.restored for _, t in loop.reports)
     finally:
         await agent.stop()
+
+
+def test_the_api_brings_no_framework_and_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from gridwatch.trainer import Supervised; import gridwatch.trainer.adapters; "
+            "print(sorted(m for m in ('torch', 'transformers', 'pytorch_lightning', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
