@@ -654,3 +654,34 @@ async def test_keys_typed_while_the_console_starts_reach_it() -> None:
         _burst(app, "down", "down", "enter")  # keys for the fleet view before it is ready wait for it
         await wait_for(pilot, lambda: shown(app, NodeScreen))
         assert app.screen.node_name == "node03"
+
+
+async def test_logs_search_reads_the_console_store_first_and_marks_where_each_line_came_from(tmp_path) -> None:  # noqa: ANN001
+    # node09 is gone (killed, re-imaged): only the console's store still has its lines.
+    from gridwatch.console.runtime.logfeed import keep_logs
+    from gridwatch.console.runtime.logstore import LogRow, LogStore
+    from tests.conftest import wait_until
+
+    live = [LogLine(node=Text("node01"), source=Text("trainer"), line=Text("NCCL timeout rank 3"), line_ts=T0 - 5)]
+    fleet = RecordingFleet(live)
+    fleet.release.set()
+    app = make_app(fleet=fleet)
+    store = LogStore(tmp_path / "incidents.logs" / "logs.db")
+    keep_logs(app.runtime, store)
+    store.write([LogRow(node="node09", ts=T0 - 60, source="log:/var/log/train.log",
+                        line="NCCL WARN NET/IB : Got completion from peer with error 12")])
+    await wait_until(lambda: store.counters.written == 1, 10, "the store's line written")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: shown(app, FleetScreen))
+            app.show_view("logs")
+            await wait_for(pilot, lambda: shown(app, LogsScreen))
+            await pilot.press("slash", *"nccl since:1h", "ctrl+s")
+            table = app.screen.query_one("#logs-table", TextTable)
+            await wait_for(pilot, lambda: len(table.rows) == 2)
+            text = screen_text(app)
+            assert "2 lines, 1 from the console's store, 1 from the agents" in text
+            assert "store: log:/var/" in text and "agent: trainer" in text
+            assert [row[1][0] for row in table.row_cells()] == ["node09", "node01"]  # merged by time
+    finally:
+        store.close()

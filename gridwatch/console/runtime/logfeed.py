@@ -191,9 +191,11 @@ def log_store_of(runtime: ConsoleRuntime) -> LogStore | None:
 
 
 async def search_logs(runtime: ConsoleRuntime, query: LogQuery, now: float | None = None, limit: int = 2000,
-                      on_progress: Callable[[int, int], None] | None = None) -> list[LogRow]:
-    """The store first, then the live agents (for a query with a pattern and no severity: raw lines carry none),
-    merged by time, newest ``limit`` kept; each row's ``where`` says which. A line both hold is the store's."""
+                      on_progress: Callable[[int, int], None] | None = None,
+                      agents_pattern: str | None = None) -> list[LogRow]:
+    """The store first, then the live agents (for a query with a pattern, or ``agents_pattern`` when it has
+    none, and no severity: raw lines carry none), merged by time, newest ``limit`` kept; each row's ``where``
+    says which. A line both hold is the store's."""
     now = runtime.store.clock.now() if now is None else now
     since, until = query.window(now)
     store = log_store_of(runtime)
@@ -201,9 +203,10 @@ async def search_logs(runtime: ConsoleRuntime, query: LogQuery, now: float | Non
     if store is not None:
         rows = await asyncio.to_thread(store.query, query.nodes, since, until, query.min_severity,
                                        query.regex or None, limit)
-    if query.pattern is not None and query.min_severity is None and runtime.fleet is not None:
+    pattern = query.regex if query.pattern is not None else agents_pattern
+    if pattern is not None and query.min_severity is None and runtime.fleet is not None:
         seen = {(r.node, r.ts, r.line) for r in rows}
-        for line in await runtime.search(query.regex, query.nodes, since, until, on_progress=on_progress):
+        for line in await runtime.search(pattern, query.nodes, since, until, on_progress=on_progress):
             row = LogRow(node=str(line.node), ts=line.line_ts or line.ts, source=str(line.source), line=str(line.line),
                          where="agent")
             if (row.node, row.ts, row.line) not in seen:

@@ -96,7 +96,7 @@ class LogsScreen(ViewScreen):
     VIEW_NAME = "logs"
     BINDINGS = [
         Binding("slash", "edit_query", "Query"),
-        Binding("ctrl+s", "search_agents", "Search agents"),
+        Binding("ctrl+s", "search_agents", "Search store+agents"),
         Binding("ctrl+l", "live", "Back to live", show=False),
     ]
 
@@ -117,7 +117,7 @@ class LogsScreen(ViewScreen):
 
     def compose_view(self) -> ComposeResult:
         yield Input(placeholder="node:node[01-04] sev:error since:10m|03:10|2026-12-01T03:10 until:1m REGEX   "
-                                f"({self.zone_text}; enter: filter, ctrl+s: search the agents)", id="logs-query")
+                                f"({self.zone_text}; enter: filter, ctrl+s: search the store and the agents)", id="logs-query")
         yield PlainStatic(id="logs-info")
         yield TextTable(LOG_COLUMNS, id="logs-table")
 
@@ -126,7 +126,7 @@ class LogsScreen(ViewScreen):
         if self.window is not None:
             self.query_one("#logs-query", Input).value = self.window.query(self.zone)
             if self._parse():
-                self._start_search("")  # every line of those nodes in the range, not only matches
+                self._start_search(every_line=True)  # every line of those nodes in the range, not only matches
 
     def refresh_view(self) -> None:
         entries = self.search_results if self.search_results is not None else self.store.log_entries(self.log_query)
@@ -151,7 +151,9 @@ class LogsScreen(ViewScreen):
                 info.append(f"  {', '.join(sorted(self.window.highlight.nodes))}", style=BLAMED_NODE_LINE)
             info.append("  (ctrl+l: live)", style="dim")
         elif self.search_results is not None:
-            info.append(f"search {self.log_query.regex!r}: {len(entries)} lines from the agents  ", style="bold")
+            kept = sum(1 for e in entries if e.source.startswith("store: "))
+            info.append(f"search {self.log_query.regex!r}: {len(entries)} lines, {kept} from the console's store, "
+                        f"{len(entries) - kept} from the agents  ", style="bold")
             info.append(self.progress)
             info.append("  (ctrl+l: back to live)", style="dim")
         else:
@@ -203,21 +205,23 @@ class LogsScreen(ViewScreen):
         self.refresh_view()
 
     def action_search_agents(self) -> None:
+        from gridwatch.console.runtime.logfeed import log_store_of
+
         if not self._parse():
             return
-        if self.log_query.pattern is None:
+        if self.log_query.pattern is None and log_store_of(self.runtime) is None:
             self.query_error = "a search needs a regular expression to send to the agents"
             self.refresh_view()
             return
-        self._start_search(self.log_query.regex)
+        self._start_search()
 
-    def _start_search(self, pattern: str) -> None:
-        self.progress = "asking the agents…"
+    def _start_search(self, every_line: bool = False) -> None:
+        self.progress = "reading the log store, then asking the agents…"
         self.search_results = []
         self.refresh_view()
-        self.run_worker(self._search(pattern), exclusive=True, group="log-search")
+        self.run_worker(self._search(every_line), exclusive=True, group="log-search")
 
-    async def _search(self, pattern: str) -> None:
+    async def _search(self, every_line: bool = False) -> None:
         query = self.log_query
         since, until = query.window(self.store.clock.now())
 
@@ -225,16 +229,22 @@ class LogsScreen(ViewScreen):
             self.progress = f"{answered}/{total} agents answered"
             self.refresh_view()
 
+        from gridwatch.console.runtime.logfeed import log_store_of, search_logs
+
         try:
-            lines = await self.runtime.search(pattern, query.nodes, since, until, on_progress=progress)
+            # The console's store first (it keeps lines of nodes that are gone), then the live agents;
+            # each line marked with where it came from.
+            rows = await search_logs(self.runtime, query, now=self.store.clock.now(), on_progress=progress,
+                                     agents_pattern="" if every_line else None)
         except Exception as exc:  # noqa: BLE001 - the operator sees why; the screen keeps going
             self.query_error = f"search failed: {type(exc).__name__}: {exc}"
             self.search_results = None
             self.refresh_view()
             return
-        results = [LogEntry(line.line_ts or line.ts, str(line.node), "", str(line.source), str(line.line), False)
-                   for line in lines]
-        if self.window is not None:
+        # Where each line came from leads its source, so a narrow column still shows it.
+        results = [LogEntry(row.ts, row.node, row.severity, f"{row.where}: {row.source}", row.line,
+                            row.kind == "event") for row in rows]
+        if self.window is not None and log_store_of(self.runtime) is None:
             # The incident's own events (the XID, the watchdog) sit among the lines around them.
             results.extend(e for e in self.store.log_entries(query) if e.is_event)
         results.sort(key=lambda e: e.ts)
