@@ -124,6 +124,19 @@ def test_a_flood_is_read_in_bounded_polls_without_losing_lines(log: Path) -> Non
     assert [s[:11] for s in seen] == [f"line {i:06d}" for i in range(5000)]
 
 
+@pytest.mark.parametrize("budget", [150_000, 1 << 20])
+def test_a_poll_reads_in_chunks_up_to_its_budget_whole_lines_in_order(log: Path, budget: int) -> None:
+    """Past one read's chunk (64 KiB) a poll reads on, to its budget and no further: the same lines as one read."""
+    tailer = _tailer(log, read_bytes=budget)
+    _append(log, *(f"line {i:06d} " + "z" * 88 for i in range(5000)))  # 101 bytes a line with its newline
+    first = _lines(tailer)
+    assert len(first) == min(budget // 101, 5000)
+    seen = list(first)
+    while more := _lines(tailer):
+        seen += more
+    assert [s[:11] for s in seen] == [f"line {i:06d}" for i in range(5000)]
+
+
 def test_search_by_pattern_and_time_newest_first_limit(log: Path) -> None:
     clock = Clock(10.0)
     tailer = _tailer(log, clock=clock, buffer_lines=100)

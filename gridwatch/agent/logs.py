@@ -33,6 +33,9 @@ DEFAULT_BUFFER_LINES = 10_000
 # emitted: one writer that never ends a line must not grow the agent.
 _MAX_PENDING = MAX_LINE_CHARS * 4
 _KMSG_RECORD = 8192
+# A poll reads in chunks this big, up to its budget: asking for the whole budget (1 MiB) at once made Python
+# map and unmap a 1 MiB buffer per file per tick, for the few hundred bytes a log grows by in a second.
+_READ_CHUNK = 1 << 16
 
 # A job's progress lines older than this no longer say it is training (it hangs, or it ended).
 PROGRESS_FRESH_S = 300.0
@@ -124,7 +127,17 @@ class _FileTail:
         if self.fd is None or budget <= 0:
             return [], 0
         try:
-            data = os.pread(self.fd, budget, self.offset)
+            data = os.pread(self.fd, min(budget, _READ_CHUNK), self.offset)
+            if len(data) == _READ_CHUNK and budget > _READ_CHUNK:
+                parts = [data]
+                got = len(data)
+                while got < budget:
+                    more = os.pread(self.fd, min(budget - got, _READ_CHUNK), self.offset + got)
+                    parts.append(more)
+                    got += len(more)
+                    if len(more) < _READ_CHUNK:
+                        break
+                data = b"".join(parts)
         except OSError as exc:
             logger.warning("reading log {} failed: {}", self.path, exc.strerror)
             return [], 0
