@@ -94,7 +94,7 @@ class NicSample(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     tx_errors: int = 0
     rx_drops: int = 0
     tx_drops: int = 0
-    up: bool | None = None
+    up: bool | None = None  # link state and speed: read every 10th tick (the agent's NIC_STATS_EVERY), the rest each tick
     speed_mbps: float | None = None
 
 
