@@ -185,7 +185,7 @@ def build_runtime(options: RuntimeOptions, clock: Clock | None = None) -> Consol
     if options.keep_logs and db_path != ":memory:":
         keep_log_store(runtime, options, db_path, metrics.registry if metrics is not None else None)
     if db_path != ":memory:":
-        keep_scenes(runtime, options, db_path)
+        keep_scenes(runtime, options, db_path, metrics.registry if metrics is not None else None)
     runtime.actor = ExecutorActor(executor, incident_store)
     relayed = [node for nodes in options.relays.values() for node in nodes]
     fleet_options = FleetOptions(key_path=options.key_path, known_hosts=options.known_hosts,
@@ -227,14 +227,27 @@ def keep_log_store(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: st
     return keep_logs(runtime, store, registry)
 
 
-def keep_scenes(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: str) -> SceneKeeper:
-    """``runtime`` copies each scene its plans capture into ``<db>.scenes`` before the plan's next step."""
-    from gridwatch.console.runtime.config import DEFAULT_SCENE_MAX, parse_size
+def keep_scenes(runtime: ConsoleRuntime, options: RuntimeOptions, db_path: str,
+                registry: CollectorRegistry | None = None) -> SceneKeeper:
+    """``runtime`` copies each scene its plans capture into ``<db>.scenes`` before the plan's next step, and
+    prunes that store by cluster.toml's ``retention`` and ``store_max`` (an open incident's scenes stay)."""
+    from gridwatch.console.runtime.config import (
+        DEFAULT_RETENTION,
+        DEFAULT_SCENE_MAX,
+        DEFAULT_STORE_MAX,
+        parse_retention,
+        parse_size,
+    )
     from gridwatch.console.runtime.scene_copy import SceneKeeper
+    from gridwatch.console.runtime.scene_retention import keep_scene_retention
     from gridwatch.console.runtime.scene_store import scenes_path_for
 
     most = options.scene_max if options.scene_max is not None else parse_size(DEFAULT_SCENE_MAX)
-    runtime.scenes = SceneKeeper(scenes_path_for(db_path), runtime.read_scene, most)
+    root = scenes_path_for(db_path)
+    runtime.scenes = SceneKeeper(root, runtime.read_scene, most)
+    retention = options.log_retention_s if options.log_retention_s is not None else parse_retention(DEFAULT_RETENTION)
+    store_max = options.log_store_max if options.log_store_max is not None else parse_size(DEFAULT_STORE_MAX)
+    keep_scene_retention(runtime, root, retention, store_max, registry)
     return runtime.scenes
 
 
