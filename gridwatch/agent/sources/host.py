@@ -13,7 +13,7 @@ import psutil
 
 from gridwatch.agent.sources import Reading
 from gridwatch.agent.sources.procfs import ProcFile, busy_percent, cpu_times, meminfo_kib, net_dev, psi_some_avg10
-from gridwatch.wire.protocol import HostSample, NicSample, Text
+from gridwatch.wire.protocol import HostSample, NicSample
 
 _KIB_PER_MIB = 1024
 # Interfaces that carry no training traffic; watching them only adds rows.
@@ -108,7 +108,6 @@ class HostSource:
         self._net_dev = ProcFile(str(root / "net" / "dev"))
         self._nowrap = _NoWrap()
         self._nic_stats: dict[str, Any] = {}
-        self._nic_names: dict[str, Text] = {}
         self._ticks = 0
         pressure = root / "pressure"
         # Kernels before 4.20 (or with psi=0) have no pressure files: N/A for good.
@@ -190,15 +189,12 @@ class HostSource:
         self._ticks += 1
         stats = self._nic_stats
         out = []
-        names = self._nic_names
         for name, c in sorted(counters.items()):
             if name in _SKIP_NICS:
                 continue
-            text = names.get(name)
-            if text is None:
-                text = names[name] = Text(name)
-            # c: bytes_sent, bytes_recv, packets_sent, packets_recv, errin, errout, dropin, dropout
-            nic = NicSample(name=text, rx_errors=c[4], tx_errors=c[5], rx_drops=c[6], tx_drops=c[7])
+            # c: bytes_sent, bytes_recv, packets_sent, packets_recv, errin, errout, dropin, dropout. The name a
+            # plain str: the wire's Text is one, and the encoder takes a str subclass through a slower hook.
+            nic = NicSample(name=name, rx_errors=c[4], tx_errors=c[5], rx_drops=c[6], tx_drops=c[7])
             last = self._last_nics.get(name)
             if last is not None and dt > 0:
                 # Never lower than before (see _NoWrap); max() keeps a rate from going negative all the same.

@@ -93,7 +93,7 @@ class IbJudge:
         key = (port.device, port.port)
         counters = {**port.hw_counters, **port.counters}
         sample = IbPortSample(
-            device=Text(port.device), port=port.port, state=_text(port.state), phys_state=_text(port.phys_state),
+            device=port.device, port=port.port, state=_text(port.state), phys_state=_text(port.phys_state),
             rate_gbps=port.rate_gbps, link_layer=_text(port.link_layer),
         )
         values = tuple(map(counters.get, _ERROR_NAMES))
@@ -253,4 +253,5 @@ def _text(value: str | None) -> Text | None:
 @functools.lru_cache(maxsize=256)
 def _clean_short(value: str) -> Text:
     # States, physical states and link layers come from a handful of words: cleaned once each, not every tick.
-    return Text(clean_text(value, 100))
+    # A plain str (Text is one to the wire's encoder, which takes a str subclass through a hook, slower).
+    return clean_text(value, 100)
