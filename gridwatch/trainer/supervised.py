@@ -144,6 +144,10 @@ class Supervised:
             pid=os.getpid(), node=Text(self.node), paused=self.paused, events=self.events.recent(),
         )
 
+    def _event(self, kind: str, message: str, severity: str = "warning", **details: object) -> None:
+        self.events.add(kind, message, severity, **details)
+        self._log.log({"info": "INFO", "warning": "WARNING"}.get(severity, "ERROR"), "event {}: {}", kind, message)
+
     # ----------------------------------------------------------------- the loop's call
 
     def step(self, step: int, loss: SupportsFloat | None = None) -> Next:
@@ -179,8 +183,7 @@ class Supervised:
 
     def _pause(self, restored: bool) -> Next:
         self.phase, self.paused = TrainerPhase.PAUSED, True
-        self.events.add("action", f"paused at step {self.current}", "info")
-        self._log.info("paused at step {}", self.current)
+        self._event("action", f"paused at step {self.current}", "info")
         while True:
             ctl = self._controls(wait=PAUSE_WAKE_S)
             if ctl.checkpoint:
@@ -195,8 +198,7 @@ class Supervised:
             if ctl.resume:
                 break
         self.phase, self.paused = TrainerPhase.TRAINING, False
-        self.events.add("action", f"resumed at step {self.current}", "info")
-        self._log.info("resumed at step {}", self.current)
+        self._event("action", f"resumed at step {self.current}", "info")
         return Next(self.current, restored=restored)
 
     def _leave(self, leaving: list[int]) -> Next:
@@ -205,8 +207,7 @@ class Supervised:
         rank, _ = self._rank_world()
         if rank in leaving:
             self.phase = TrainerPhase.LEFT
-            self.events.add("action", f"left the job at step {self.current} on request", "info")
-            self._log.info("leaving the job at step {} on request", self.current)
+            self._event("action", f"left the job at step {self.current} on request", "info")
         else:
             self.phase = TrainerPhase.DONE
             self._log.info("rank(s) {} left at step {}: this job stops with them", leaving, self.current)
@@ -221,13 +222,13 @@ class Supervised:
         try:
             self._save_fn(step)
         except Exception as exc:  # noqa: BLE001 - the user's save failing is an event; training goes on
-            self.events.add("checkpoint", f"{why}: saving step {step} failed: {exc}", "error", step=step)
+            self._event("checkpoint", f"{why}: saving step {step} failed: {exc}", "error", step=step)
             return False
         finally:
             self.phase = TrainerPhase.TRAINING
         self.saved.add(step)
         self.newest_saved = step if self.newest_saved is None else max(self.newest_saved, step)
-        self.events.add("checkpoint", f"{why} at step {step}", "info", step=step, seconds=f"{self._clock() - t0:.3f}")
+        self._event("checkpoint", f"{why} at step {step}", "info", step=step, seconds=f"{self._clock() - t0:.3f}")
         return True
 
     def _load(self, step: int) -> bool:
@@ -235,17 +236,17 @@ class Supervised:
         try:
             self._load_fn(step)
         except Exception as exc:  # noqa: BLE001 - a checkpoint that does not load is skipped, as the reference's are
-            self.events.add("checkpoint", f"step {step} did not load: {exc}", "warning", step=step)
+            self._event("checkpoint", f"step {step} did not load: {exc}", "warning", step=step)
             return False
         self.current = step
-        self.events.add("checkpoint", f"restored step {step}", "info", step=step)
+        self._event("checkpoint", f"restored step {step}", "info", step=step)
         return True
 
     def _loadable(self) -> list[int]:
         try:
             steps = set(self._steps_fn()) if self._steps_fn is not None else set(self.saved)
         except Exception as exc:  # noqa: BLE001 - a listing that fails is no step to load
-            self.events.add("checkpoint", f"could not list the checkpoints: {exc}", "error")
+            self._event("checkpoint", f"could not list the checkpoints: {exc}", "error")
             return []
         return sorted(steps, reverse=True)
 
@@ -260,7 +261,7 @@ class Supervised:
                     break
         if not restored:
             wanted = f"step {exact}" if exact is not None else (f"a step below {below}" if below is not None else "any step")
-            self.events.add("checkpoint", f"restart_from: no checkpoint loads at {wanted}; training goes on from "
+            self._event("checkpoint", f"restart_from: no checkpoint loads at {wanted}; training goes on from "
                             f"step {here}", "error")
         self._restarted_for.update(self._pending_incidents)
         self._pending_incidents = []

@@ -19,10 +19,8 @@ import os
 import signal
 import statistics
 import sys
-import threading
 import time
 import warnings
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -35,6 +33,7 @@ from gridwatch.trainer.config import TrainConfig, read_config, release_tier0
 from gridwatch.trainer.control_server import ControlServer
 from gridwatch.trainer.controls import Controls
 from gridwatch.trainer.corpus import build_corpus
+from gridwatch.trainer.eventlog import EventLog
 from gridwatch.trainer.flight import FlightRecorder
 from gridwatch.trainer.group import Membership
 from gridwatch.trainer.guards import LossGuard, ProgressDeadline, StragglerEpisodes, StragglerGuard
@@ -48,9 +47,7 @@ from gridwatch.trainer.state import init_optimizer_state, live_tensors
 from gridwatch.trainer.tiers import SaveOutcome, TieredCheckpointer
 from gridwatch.wire.control import ControlCommand
 from gridwatch.wire.controlsock import socket_path
-from gridwatch.wire.protocol import Event, Text, TrainerPhase, TrainerStatus
-
-MAX_EVENTS = 64
+from gridwatch.wire.protocol import Text, TrainerPhase, TrainerStatus
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -111,9 +108,7 @@ class Worker:
         self.rank_times: list[float] = []
         self.stragglers: list[int] = []
         self.paused = False
-        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
-        self._event_seq = int(time.time() * 1000)  # grows across restarts of this node's trainer
-        self._lock = threading.Lock()
+        self.events = EventLog(node)
         self.ckpt = TieredCheckpointer(cfg, node, self._on_saved)
         self.server = ControlServer(socket_path(cfg.run_dir, node), self.status, node, group=cfg.control_group,
                                     collectives_fn=self.flight.dump)
@@ -127,20 +122,12 @@ class Worker:
     # ----------------------------------------------------------------- reporting
 
     def event(self, kind: str, message: str, severity: str = "warning", **details: object) -> None:
-        with self._lock:
-            self._event_seq += 1
-            ev = Event(
-                kind=Text(kind), severity=Text(severity), message=Text(message), source=Text("trainer"),
-                seq=self._event_seq, ts=time.time(), node=Text(self.node),
-                details={k: Text(str(v)) for k, v in details.items()},
-            )
-            self.events.append(ev)
+        self.events.add(kind, message, severity, **details)
         self.log.log("INFO" if severity == "info" else "WARNING", "event {}: {}", kind, message)
 
     def status(self) -> TrainerStatus:
         g = self.cfg.micro_batch * self.cfg.micro_batches * self.cfg.seq_len
-        with self._lock:
-            events = list(self.events)
+        events = self.events.recent()
         return TrainerStatus(
             job=Text(self.cfg.run_id()), phase=self.phase, step=self.step, epoch=self.sampler.state.epoch,
             loss=self.loss, grad_norm=self.grad_norm,
