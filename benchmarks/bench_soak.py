@@ -11,7 +11,8 @@ the collective timeout, the trainer's ``--progress-deadline``);
 torchrun's rendezvous, restarting every worker, as gridwatch's trainer did
 before its membership coordinator. Prints each run's incidents and a table of
 goodput (productive training time over wall time, from the demo's summary)
-with the ratio, then where each run's time went as the console saw it
+with the ratio, the trust counts (nodes isolated without evidence about them,
+isolated nodes back in the job before their return: both must be 0), then where each run's time went as the console saw it
 (``goodput_breakdown`` of the summary: productive time and each named loss,
 which add up to the breakdown's wall time; the check is printed, and a run
 whose uses miss its wall time by more than 1 % fails); ``--out`` keeps both
@@ -142,11 +143,13 @@ def main() -> int:
         show(run)
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
-    print("\n| run | wall | faults | incidents | goodput | at the typical pace | steps | steps lost |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| run | wall | faults | incidents | goodput | trainer's metrics, slow steps productive | "
+          "at the typical pace | steps | steps lost |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         print(f"| {run['mode']} | {run['wall_s']:.0f} s | {run['faults']} | {len(run['incidents'])} | "
-              f"{fmt_pct(run['goodput'])} | {fmt_pct(run.get('paced_goodput'))} | {run['steps']} | {run['steps_lost']} |")
+              f"{fmt_pct(run['goodput'])} | {fmt_pct(run.get('metrics_goodput'))} | {fmt_pct(run.get('paced_goodput'))} | "
+              f"{run['steps']} | {run['steps_lost']} |")
     if len(runs) == 2 and runs[0]["goodput"] and runs[1]["goodput"]:
         print(f"\nratio acting / {runs[1]['mode']} goodput: {runs[0]['goodput'] / runs[1]['goodput']:.2f}")
     print("\nwhere the time went, as the console saw the trainers (seconds and share of the breakdown's wall time):\n")
@@ -154,6 +157,17 @@ def main() -> int:
     for run in runs:
         print(f"{run['mode']}: MTTD {fmt_s(run.get('mttd_s'))}, MTTR {fmt_s(run.get('mttr_s'))}, "
               f"MTBF {fmt_s(run.get('mtbf_s'))}")
+    print("\ntrust (target 0 and 0): nodes isolated without evidence about them, isolated nodes in the job again "
+          "before their return")
+    for run in runs:
+        trust = run.get("trust") or {}
+        for i in trust.get("isolations", []):
+            print(f"  {run['mode']}: isolated {i['node']} at {i['at']:.0f} s by {i['who']} on "
+                  f"{i['evidence'] or 'NO EVIDENCE'}; returned {fmt_s(i['returned_at'])}; "
+                  f"rejoined {fmt_s(i['rejoined_at'])}; {i.get('checks', 0)} reads of the members while out")
+        print(f"| {run['mode']} | {len(trust.get('isolations', []))} isolations | "
+              f"{trust.get('isolated_without_evidence', '-')} without evidence | "
+              f"{trust.get('rejoined_before_return', '-')} rejoined before return |")
     bad = [run["mode"] for run in runs if not breakdown_adds_up(run)]
     if bad:
         print(f"the goodput breakdown of {', '.join(bad)} does not add up to its wall time within 1 %")

@@ -83,6 +83,9 @@ class DemoSummary(msgspec.Struct, kw_only=True):
     goodput: float | None
     wall_s: float
     paced_goodput: float | None = None  # the stricter figure: see paced_goodput()
+    # The trainer's own metrics, slow steps counted productive (goodput()): the figure of earlier rounds,
+    # kept beside the console's ``goodput`` (which counts a slow step as a loss) so runs stay comparable.
+    metrics_goodput: float | None = None
     steps_lost: int
     faults: int
     faults_detected: int
@@ -210,6 +213,7 @@ def summarize(faults: list[FaultRecord], incidents: list[IncidentFacts], points:
     return DemoSummary(
         steps=points[-1].step if points else None,
         goodput=round(g, 4) if (g := goodput(points, end)) is not None else None,
+        metrics_goodput=round(g, 4) if (g := goodput(points, end)) is not None else None,
         paced_goodput=round(g, 4) if (g := paced_goodput(points, end)) is not None else None,
         wall_s=round(end - started, 3), steps_lost=steps_lost(points), faults=len(faults),
         faults_detected=len(answered), incidents=rows,
