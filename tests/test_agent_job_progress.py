@@ -92,3 +92,26 @@ async def test_a_scene_keeps_a_slurm_job_s_process_stacks_and_the_tail_of_its_ou
         rank.kill()
         rank.wait()
         await stop_agent(ra)
+
+
+async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, tmp_path: Path) -> None:
+    # Requeued, the job's processes leave the node before its log goes stale: still the same job to the console.
+    from gridwatch.wire import protocol as p
+
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False), jobs_every=0)
+    try:
+        ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242")]
+        first, second = _megatron_lines()
+        with log.open("a") as fh:
+            fh.write(first + "\n")
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
+                         and s.trainer.job == "slurm-4242", timeout=10, what="the job named after its Slurm job")
+        ra.agent.jobs = []
+        seq = ra.agent.ring.last_seq
+        await wait_until(lambda: ra.agent.ring.last_seq > seq + 3, timeout=10, what="more samples")
+        sample = _latest(ra.agent)
+        assert sample is not None and sample.trainer is not None and sample.trainer.job == "slurm-4242"
+    finally:
+        await stop_agent(ra)

@@ -77,6 +77,7 @@ class AgentBase:
         self._trainer_seen_at = float("-inf")  # monotonic: when gridwatch's trainer last answered its socket
         self.jobs: list[p.SchedulerJob] = []  # the scheduler's jobs on this node, read every config.jobs_every
         self.job_pids: dict[tuple[str, str], list[int]] = {}  # (scheduler, id) -> its processes here, for scenes
+        self.log_job_names: dict[str, str] = {}  # a progress log -> the scheduler job last seen writing it
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()

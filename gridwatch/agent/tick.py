@@ -129,7 +129,12 @@ class Ticking(AgentBase):
         if found is None:
             return None
         path, job = found
-        name = f"{self.jobs[0].scheduler}-{self.jobs[0].id}" if self.jobs else os.path.basename(path)
+        if self.jobs:
+            name = self.log_job_names[path] = f"{self.jobs[0].scheduler}-{self.jobs[0].id}"
+        else:
+            # Its processes gone (requeued, ended) while its log is still fresh: the same job, not a new one
+            # named after the file.
+            name = self.log_job_names.get(path) or os.path.basename(path)
         return p.TrainerStatus(job=p.Text(name), phase=p.TrainerPhase.TRAINING, step=job.step, loss=job.loss,
                                step_time_s=job.step_time_s, tokens_per_s=job.tokens_per_s, read_from=p.Text(path))
 
