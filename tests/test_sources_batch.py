@@ -100,3 +100,17 @@ async def test_a_hung_read_is_its_sources_alone_and_the_reads_behind_it_still_re
     assert host.threads[-1] == nvml.threads[-1]
     assert not any(t.ident == shared and t.is_alive() for t in threading.enumerate()), "the hung read's thread lives on"
     assert await readers.stop(DEADLINE)
+
+
+async def test_deadlines_run_in_real_time_whatever_clock_the_guards_report_with() -> None:
+    """An agent's injected clock (a test's, frozen) reports durations; it never stretches a deadline."""
+    stuck, fine = Blocking("nvml"), Blocking("host")
+    stuck.hang.set()
+    guards = [GuardedSource(stuck, DEADLINE, clock=lambda: 5.0), GuardedSource(fine, DEADLINE, clock=lambda: 5.0)]
+    readers = BatchedReads()
+    began = time.monotonic()
+    outcomes = await readers.read(guards)
+    assert time.monotonic() - began < DEADLINE * 3
+    assert kinds(outcomes[0].events) == ["source_failed"] and outcomes[1].reading is not None
+    stuck.release.set()
+    assert await readers.stop(DEADLINE)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ class _Slot:
     """One source's read in a batch, written by the reader thread (``done`` last), read by the loop."""
 
     guard: GuardedSource
-    started: float | None = None
+    started: float | None = None  # on the guard's clock (what its health reports)
+    began: float | None = None  # on the real monotonic clock (what its deadline counts from)
     ended: float = 0.0
     result: Any = None
     error: BaseException | None = None
@@ -46,7 +48,7 @@ class _Batch:
             with self.lock:
                 if slot.withdrawn:
                     continue
-                slot.started = slot.guard.clock()
+                slot.started, slot.began = slot.guard.clock(), time.monotonic()
             try:
                 slot.result = slot.guard.source.read()
             except BaseException as exc:  # handed to the loop, which decides what it means
@@ -90,20 +92,20 @@ class BatchedReads:
             self._worker = _Worker(names)
         worker = self._worker
         batch = self._batch = _Batch([guards[i] for i in ready])
-        first = guards[ready[0]]
-        deadline = first.clock() + first.timeout
+        # Deadlines in real time (as asyncio's waits are), whatever clock the guards report with.
+        deadline = time.monotonic() + guards[ready[0]].timeout
         fut = worker.submit(batch.run)
         while True:
-            delay = deadline - first.clock()
+            delay = deadline - time.monotonic()
             if delay > 0:
                 done, _ = await asyncio.wait({fut}, timeout=delay)
                 if done:
                     break
             with batch.lock:
-                running = next((s for s in batch.slots if s.started is not None and not s.done), None)
-                if running is not None and running.started is not None:
-                    own = running.started + running.guard.timeout
-                    if own > running.guard.clock():
+                running = next((s for s in batch.slots if s.began is not None and not s.done), None)
+                if running is not None and running.began is not None:
+                    own = running.began + running.guard.timeout
+                    if own > time.monotonic():
                         deadline = own  # it started late, behind slower reads: its own deadline counts
                         continue
                 for slot in batch.slots:  # what has not started leaves this thread
@@ -119,7 +121,8 @@ class BatchedReads:
             else:  # still in its read past its deadline: hung, and the thread is its own from now on
                 pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 fut.add_done_callback(functools.partial(_hand_over, pending, slot))
-                outcomes[i] = slot.guard.hung_in(worker, pending, slot.started or deadline, late[i])
+                started = slot.started if slot.started is not None else slot.guard.clock()
+                outcomes[i] = slot.guard.hung_in(worker, pending, started, late[i])
                 self._worker = None
         return alone
 
