@@ -50,11 +50,29 @@ def _user(uid: int) -> str:
         return str(uid)
 
 
-def _environ(proc: Path) -> dict[bytes, str]:
+def _read(path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a /proc file; raises OSError. Plain ``os`` calls on a string path: the walk reads
+    two or three files of every process on the node (a thousand and more), and pathlib's objects and buffered
+    files cost several times the read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        with open(proc / "environ", "rb") as fh:
-            raw = fh.read(MAX_ENVIRON)
+        data = os.read(fd, limit)
+        while data and len(data) < limit:
+            more = os.read(fd, limit - len(data))
+            if not more:
+                break
+            data += more
+    finally:
+        os.close(fd)
+    return data
+
+
+def _environ(proc: str) -> dict[bytes, str]:
+    try:
+        raw = _read(f"{proc}/environ", MAX_ENVIRON)
     except OSError:  # another user's process and we are not root, or it ended
+        return {}
+    if b"SLURM" not in raw:  # every key looked for starts so: most processes' environments hold none
         return {}
     found: dict[bytes, str] = {}
     for entry in raw.split(b"\0"):
@@ -97,10 +115,10 @@ def jobs_on_node(proc_root: str | Path = "/proc", node: str = "") -> list[NodeJo
     except OSError:
         return []
     for entry in entries:
-        proc = root / entry.name
+        proc = f"{root}/{entry.name}"
         try:
-            cgroup = (proc / "cgroup").read_text(errors="replace")[:8192]
-            uid = (proc / "status").stat().st_uid
+            cgroup = _read(f"{proc}/cgroup", 1 << 16).decode("utf-8", "replace")[:8192]
+            uid = os.stat(f"{proc}/status").st_uid
         except OSError:
             continue  # it ended while we looked
         env: dict[bytes, str] | None = None
