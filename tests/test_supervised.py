@@ -171,3 +171,11 @@ def test_the_api_brings_no_framework_and_no_torch() -> None:
             "print(sorted(m for m in ('torch', 'transformers', 'pytorch_lightning', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_socket_that_cannot_be_made_says_what_to_do(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    sup = Supervised(save=lambda step: None, load=lambda step: None, socket=str(not_a_dir / "t.sock"))
+    with pytest.raises(OSError, match="pass socket= or set GRIDWATCH_TRAINER_SOCKET"):
+        sup.start()

@@ -114,9 +114,14 @@ class Supervised:
     # ----------------------------------------------------------------- the socket
 
     def start(self) -> Supervised:
-        """Open the control socket (on the serving rank)."""
+        """Open the control socket (on the serving rank); ``OSError`` in one sentence if it cannot be made."""
         if self._server is not None:
-            self._server.start()
+            try:
+                self._server.start()
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot serve the trainer's control socket at {self.path} "
+                              f"({exc.strerror or exc}): pass socket= or set {SOCKET_ENV} to a path this user may "
+                              "create, the one the agent's trainer_socket names") from None
         return self
 
     def close(self) -> None:
