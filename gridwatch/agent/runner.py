@@ -88,9 +88,12 @@ async def run_agent(config: AgentConfig, ready: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, agent.stop)
         except (NotImplementedError, RuntimeError):
             pass
-    from gridwatch.agent.patrol import start_patrol
+    if config.patrol_interval > 0:
+        # Imported only when on: the pre-flight checks behind it are most of a megabyte an agent without
+        # patrol never needs.
+        from gridwatch.agent.patrol import start_patrol
 
-    agent.patrol = start_patrol(agent)  # None when patrol_interval is 0
+        agent.patrol = start_patrol(agent)
     if ready is not None:
         ready.set()
     try:
