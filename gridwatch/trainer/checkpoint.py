@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -128,13 +129,20 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: Path) -> None:
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        causes = list(getattr(exc, "failures", {}).values()) or [exc]
+        # DCP keeps each rank's failure as (exception, its stack): the exception is what says why.
+        causes = [c[0] if isinstance(c, tuple) and c and isinstance(c[0], BaseException) else c
+                  for c in getattr(exc, "failures", {}).values()] or [exc]
         for cause in causes:
             if isinstance(cause, OSError):
                 raise cause from None
         need = sum(t.numel() * t.element_size() for t in tensors.values())
         if shutil.disk_usage(directory).free < need:
             raise OSError(errno.ENOSPC, "No space left on device", str(directory)) from None
+        # torch's file writer reports a refused write (EFBIG past RLIMIT_FSIZE) as a bare position mismatch.
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and limit < need:
+            raise OSError(errno.EFBIG, f"File too large: files may be at most {limit} bytes here (ulimit -f), "
+                          f"the checkpoint needs {need}", str(directory)) from None
         first = str(causes[0]).strip().splitlines()
         raise OSError(errno.EIO, f"checkpoint write failed: {first[0] if first else type(causes[0]).__name__}") from None
 
