@@ -103,8 +103,8 @@ def test_sigkill_during_write_leaves_no_visible_checkpoint(tmp_path: Path) -> No
 
 
 @pytest.fixture
-def tiny_disk(tmp_path: Path):
-    """A 1 MB tmpfs where mounting is allowed; otherwise a directory whose writes fail with ENOSPC."""
+def tiny_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A 1 MB tmpfs where mounting is allowed; otherwise a directory whose writes fail with ENOSPC in the writer process."""
     path = tmp_path / "tiny"
     path.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(
@@ -113,21 +113,25 @@ def tiny_disk(tmp_path: Path):
     if mounted:
         yield path
         subprocess.run(["umount", "-l", str(path)], check=False)
-    else:
-        import errno
+        return
+    from gridwatch.trainer import checkpoint_process
 
+    # The checkpointer writes from its own process: the full disk is simulated there.
+    setup = textwrap.dedent(f"""
+        import errno, sys
+        from pathlib import Path
         from gridwatch.trainer import checkpoint as c
-
+        from gridwatch.trainer.checkpoint_writer import main
         real = c.save_tensors
-
-        def full(tensors: dict[str, torch.Tensor], directory: Path) -> None:
-            if Path(directory).is_relative_to(path) and sum(t.numel() * t.element_size() for t in tensors.values()) > 1 << 20:
+        def full(tensors, directory):
+            if Path(directory).is_relative_to({str(path)!r}) and sum(t.numel() * t.element_size() for t in tensors.values()) > 1 << 20:
                 raise OSError(errno.ENOSPC, "No space left on device", str(directory))
             real(tensors, directory)
-
         c.save_tensors = full
-        yield path
-        c.save_tensors = real
+        sys.exit(main(sys.argv[1:]))
+    """)
+    monkeypatch.setattr(checkpoint_process, "WRITER_COMMAND", [sys.executable, "-c", setup])
+    yield path
 
 
 def _checkpointer(cfg: TrainConfig) -> tuple[TieredCheckpointer, list[SaveOutcome]]:
