@@ -366,8 +366,11 @@ async def plain_job(slurm_cluster: SlurmCluster, keys, tmp_path: Path) -> AsyncI
         return ["--config", str(config), "--log", str(work / "logs" / f"{name}.log"), "--scene-dir",
                 str(tmp_path / "scenes" / name)]
 
-    async with _deploy(slurm_cluster, keys, tmp_path, trainer=False, agent_args=args) as d:
-        yield d, work
+    try:
+        async with _deploy(slurm_cluster, keys, tmp_path, trainer=False, agent_args=args) as d:
+            yield d, work
+    finally:
+        slurm_cluster.cancel_jobs()  # its tasks end with it: none is left running after the test
 
 
 def _expand(slurm: SlurmCluster, nodelist: str) -> list[str]:

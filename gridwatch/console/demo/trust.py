@@ -60,6 +60,9 @@ class TrustLedger:
 
     started_at: float
     isolations: list[Isolation] = field(default_factory=list)
+    # Each node's members as last said, and when they changed: a set said before an isolation (a trainer
+    # between two lives, a summary not yet sent) is no generation formed after it.
+    _said: dict[str, tuple[frozenset[str], float]] = field(default_factory=dict)
 
     def isolated(self, node: str, at: float, who: str, faults: Iterable[FaultRecord]) -> None:
         if any(i.node == node and i.returned_at is None for i in self.isolations):
@@ -77,11 +80,15 @@ class TrustLedger:
 
     def check_members(self, members_of: dict[str, frozenset[str]], now: float) -> None:
         """``members_of``: each node still in service, and its job's members as its trainer last said them."""
+        for name, members in members_of.items():
+            if members and (name not in self._said or self._said[name][0] != members):
+                self._said[name] = (members, now - self.started_at)
         since = now - self.started_at
         for i in self.isolations:
             if i.returned_at is not None or i.rejoined_at is not None or since - i.at < REFORM_GRACE_S:
                 continue
-            said = [members for name, members in members_of.items() if name != i.node and members]
+            said = [members for name, (members, at) in self._said.items()
+                    if name != i.node and name in members_of and at > i.at]
             if said:
                 i.checks += 1
             if any(i.node in members for members in said):
