@@ -88,6 +88,9 @@ class TieredCheckpointer:
         any call of this checkpointer) waits for it, and that wait is added to
         this snapshot's entry in :attr:`stalls`.
         """
+        if self._closed:
+            self._log.warning("checkpoint at step {} not taken: the checkpointer was stopped", manifest.step)
+            return 0.0
         t0 = time.perf_counter()
         staged = self._stager.stage(live)
         stall = time.perf_counter() - t0
