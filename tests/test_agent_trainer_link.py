@@ -177,3 +177,23 @@ def test_a_trainer_that_had_left_the_job_and_starts_again_is_a_return_not_a_cras
     (event,) = link.take_events()
     assert event.kind == "trainer_rejoined" and event.severity == "info"
     assert "not a crash" in event.message
+
+
+def test_a_worker_kept_out_on_an_isolated_node_that_dies_is_no_crash_but_one_that_was_joining_elsewhere_is():
+    """While its node is out the coordinator takes no worker from it: one that gives up waiting and is started
+    again cost the job nothing. On a node in service, a worker that dies while joining is a crash."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    def restart_after(phase: str, node_out: bool) -> p.Event:
+        link = TrainerLink("/nonexistent.sock", grace=15.0)
+        link.node_out = node_out
+        link.answered(p.TrainerStatus(phase=p.Text(phase), step=50, pid=1001))
+        restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                          seq=1, ts=time.time(), message=p.Text("restarted by torchrun (restart 2)"))
+        link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1002, events=[restart]))
+        (event,) = link.take_events()
+        return event
+
+    assert restart_after("joining", node_out=True).kind == "trainer_rejoined"
+    assert restart_after("joining", node_out=False).kind == "trainer_restarted"
+    assert restart_after("training", node_out=True).kind == "trainer_restarted"  # it was in the job when it died

@@ -92,6 +92,8 @@ class AgentBase:
         self._summaries: dict[int, p.Summary] = {}
         self._summary_seqs: deque[int] = deque()
         self.isolated = self._load_isolated()
+        if self.trainer is not None:
+            self.trainer.node_out = self.isolated
         self.net_cut = False  # injected fault: the agent stays up but says nothing
         self.dropped_frames = 0  # frames evicted from the ring before a client read them, each counted once
         self._lost_to = 0  # highest seq already counted in dropped_frames
@@ -139,6 +141,8 @@ class AgentBase:
                 self.log.error("could not persist isolation to {}: {}; the node stays as it was", path, exc.strerror or exc)
                 raise
         self.isolated = value
+        if self.trainer is not None:
+            self.trainer.node_out = value
 
     # ----------------------------------------------------------------- frames
 

@@ -51,6 +51,9 @@ class TrainerLink:
         self._task: asyncio.Task[None] | None = None
         self.last_ok: float | None = None
         self.leaving = False  # asked to leave the job: its going away is no fault
+        # The node is isolated (its agent says): a worker kept out of the job that dies and is started again
+        # cost the job nothing, and is no crash of a training worker.
+        self.node_out = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll_forever())
@@ -161,7 +164,8 @@ class TrainerLink:
         self.attached = True
         before, self.last_ok = self.last_ok, time.time()
         previous_pid = self.status.pid if self.status is not None else None
-        had_left = self.status is not None and self.status.phase == p.TrainerPhase.LEFT
+        had_left = self.status is not None and (self.status.phase == p.TrainerPhase.LEFT or (
+            self.node_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING)))
         fresh = events_after(status, self._seen_event_seq)
         if fresh:
             self._seen_event_seq = max(e.seq for e in fresh)
@@ -177,8 +181,9 @@ class TrainerLink:
 
 
 def _as_return(events: list[p.Event]) -> None:
-    """A trainer whose previous life had left the job (its node was out) and is started again is the node's
-    return to the job, not a crash: told as ``trainer_rejoined``, which no playbook answers as a fault."""
+    """A trainer whose previous life had left the job, or was kept out of it on an isolated node, and is
+    started again is the node's return to the job, not a crash: told as ``trainer_rejoined``, which no
+    playbook answers as a fault."""
     for event in events:
         if event.kind == "trainer_restarted":
             event.kind = p.Text("trainer_rejoined")
