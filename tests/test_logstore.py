@@ -384,3 +384,65 @@ async def test_a_search_asks_the_store_then_the_agents_and_marks_each_line(tmp_p
     assert rows == [] and len(runtime.fleet.asked) == 1  # type: ignore[union-attr]
     await runtime.stop()
     runtime.plan_store.close()
+
+
+def test_a_plain_string_is_found_whole_not_as_scattered_trigrams(store: LogStore) -> None:
+    lines = ["abc xyz", "xyz abc", "GPU Größe ÜBER", "SeqNum=4242, done", "SeqNum=42, 4242 done"]
+    store.write([_row("node-1", T0 + i, line) for i, line in enumerate(lines)])
+    assert store.flush()
+    assert [r.line for r in store.query(pattern="bc x")] == ["abc xyz"]  # its trigrams are in both lines
+    assert [r.line for r in store.query(pattern="SeqNum=4242,")] == ["SeqNum=4242, done"]
+    assert [r.line for r in store.query(pattern="größe über")] == ["GPU Größe ÜBER"]  # case-insensitive beyond ASCII
+    long = "SeqNum=4242, done" * 3
+    store.write([_row("node-1", T0 + 9, long)])
+    assert store.flush() and [r.line for r in store.query(pattern=long)] == [long]  # more trigrams than asked
+
+
+def _v1_partition(conn: sqlite3.Connection, part: str) -> None:
+    """A partition as version 1 made it: the trigram index with positions and row sizes."""
+    t, f = f"lines_{part}", f"fts_{part}"
+    conn.executescript(f"""
+        CREATE TABLE {t} (id INTEGER PRIMARY KEY, node TEXT NOT NULL, ts REAL NOT NULL, source TEXT NOT NULL,
+                          severity TEXT NOT NULL, sev INTEGER, kind TEXT NOT NULL, line TEXT NOT NULL);
+        CREATE INDEX {t}_ts ON {t}(ts);
+        CREATE INDEX {t}_node ON {t}(node, ts);
+        CREATE VIRTUAL TABLE {f} USING fts5(line, source, content='{t}', content_rowid='id', tokenize='trigram');
+        CREATE TRIGGER {t}_ai AFTER INSERT ON {t} BEGIN
+            INSERT INTO {f}(rowid, line, source) VALUES (new.id, new.line, new.source); END;
+        CREATE TRIGGER {t}_ad AFTER DELETE ON {t} BEGIN
+            INSERT INTO {f}({f}, rowid, line, source) VALUES ('delete', old.id, old.line, old.source); END;
+    """)
+
+
+def test_a_version_1_store_opens_as_it_is_and_a_newer_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "l.logs" / "logs.db"
+    path.parent.mkdir(mode=0o700)
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    day = "p20260921"  # T0's UTC day
+    for part in ("kept", day):
+        _v1_partition(old, part)
+    old.execute(f"INSERT INTO lines_{day}(node, ts, source, severity, sev, kind, line) "
+                "VALUES ('node-1', ?, 'log:/var/log/kern.log', '', NULL, 'line', 'old Xid 79 line')", (T0,))
+    old.execute("PRAGMA user_version=1")
+    old.close()
+    store = LogStore(path, retention_s=86400.0)
+    try:
+        store.write([_row("node-1", T0 + 86400, "new Xid 79 line")])  # the next day: a new partition, no positions
+        assert store.flush()
+        assert [r.line for r in store.query(pattern="xid 79")] == ["old Xid 79 line", "new Xid 79 line"]
+        assert [r.line for r in store.query(pattern="kern.log")] == ["old Xid 79 line"]
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+            ddl = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE name GLOB 'fts_p*' AND type = 'table'"))
+        assert "detail=none" not in ddl[f"fts_{day}"] and "detail=none" in ddl["fts_p20260922"]
+        store.prune([], now=1_790_040_000.0 + 86400)  # the old day goes whole, as any day does
+        assert store.flush() and [r.line for r in store.query()] == ["new Xid 79 line"]
+        assert store.counters.pruned_age == 1 and store.count() == 1
+    finally:
+        store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version=3")
+    with pytest.raises(LogStoreError, match="is a log store of another version \\(3\\); move it aside$") as info:
+        LogStore(path)
+    assert "\n" not in str(info.value)

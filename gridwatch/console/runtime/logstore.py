@@ -49,12 +49,22 @@ from gridwatch.console.fleet.logquery import parse_log_query, severity_rank
 from gridwatch.sshlink.hostlist import HostlistError, expand
 from gridwatch.wire.protocol import SEVERITIES
 
-SCHEMA_VERSION = 1
+# 2: new partitions index without positions (detail=none); a version-1 store opens as it is, its older
+# partitions queried the same way until their days go.
+SCHEMA_VERSION = 2
 STORE_NAME = "logs.db"  # inside the folder beside the incident database (store_path_for)
 QUEUE_BATCHES = 256  # batches waiting for the writer before the oldest is dropped
 BATCH_LINES = 512  # lines buffered by add() before they go to the writer as one batch
 FLUSH_S = 0.5  # a batch not full goes to the writer after this long
-COALESCE_LINES = 8192  # batches waiting together are written in one transaction up to this many lines
+COALESCE_LINES = 32_768  # batches waiting together are written in one transaction up to this many lines
+CACHE_KIB = 65_536  # the writer's page cache: a day's index pages stay in memory while it is written
+WAL_PAGES = 16_384  # pages the WAL grows to before the writer copies it back (fewer, larger checkpoints)
+# The trigram index's tuning, kept in each partition's own config: its in-memory terms flush as a new
+# segment when they pass FTS_HASH_BYTES (1 MB by default, a segment every thousand lines or so), and
+# segments merge FTS_AUTOMERGE at a time (4 by default): bigger and fewer merges cost less per line.
+FTS_HASH_BYTES = 32 * 1024 * 1024
+FTS_AUTOMERGE = 8
+FTS_CRISISMERGE = 32
 BUSY_TIMEOUT_MS = 10_000
 MAX_LIMIT = 100_000  # rows one query returns at most
 PRUNE_CHUNK = 20_000  # rows deleted per transaction while pruning (short write locks, bounded WAL)
@@ -62,6 +72,7 @@ KEPT = "kept"  # the partition an open incident's lines move to when their day's
 _DAY_S = 86_400
 _MAX_TS = 253_402_300_799.0  # 9999-12-31: a node's clock that says more is clipped here
 _FTS_MIN = 3  # the trigram index finds substrings of three characters or more
+_FTS_GRAMS = 12  # trigrams of a long string asked of the index at most
 _REGEX_CHARS = frozenset(".^$*+?{}[]\\|()")
 _COLUMNS = "node, ts, source, severity, kind, line"
 _PARTITION = re.compile(r"^lines_(p\d{8}|kept)$")
@@ -81,13 +92,25 @@ def _ddl(part: str) -> tuple[str, ...]:
         "source TEXT NOT NULL, severity TEXT NOT NULL, sev INTEGER, kind TEXT NOT NULL, line TEXT NOT NULL)",
         f"CREATE INDEX IF NOT EXISTS {t}_ts ON {t}(ts)",
         f"CREATE INDEX IF NOT EXISTS {t}_node ON {t}(node, ts)",
+        # detail=none: the index holds which rows have a trigram, not where (about half the size, and cheaper to
+        # write and merge); a substring is found as all of its trigrams, then checked in the row (pattern_clause).
+        # columnsize=0: no per-row sizes (they serve ranking, and the Logs view orders by time), one write less a line.
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {f} USING fts5(line, source, content='{t}', content_rowid='id', "
-        "tokenize='trigram')",
+        "tokenize='trigram', detail=none, columnsize=0)",
         f"CREATE TRIGGER IF NOT EXISTS {t}_ai AFTER INSERT ON {t} BEGIN "
         f"INSERT INTO {f}(rowid, line, source) VALUES (new.id, new.line, new.source); END",
         f"CREATE TRIGGER IF NOT EXISTS {t}_ad AFTER DELETE ON {t} BEGIN "
         f"INSERT INTO {f}({f}, rowid, line, source) VALUES ('delete', old.id, old.line, old.source); END",
     )
+
+
+def _make_partition(conn: sqlite3.Connection, part: str) -> None:
+    """Create ``part``'s tables (if missing) and tune its index; a partition an older store made keeps its columns."""
+    for statement in _ddl(part):
+        conn.execute(statement)
+    f = f"fts_{part}"
+    for key, value in (("hashsize", FTS_HASH_BYTES), ("automerge", FTS_AUTOMERGE), ("crisismerge", FTS_CRISISMERGE)):
+        conn.execute(f"INSERT INTO {f}({f}, rank) VALUES (?, ?)", (key, value))
 
 
 def _insert_sql(part: str, dedupe: bool) -> str:
@@ -245,10 +268,10 @@ class LogStore:
                 conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 conn.execute("PRAGMA journal_mode=WAL")
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version not in (0, SCHEMA_VERSION):
+                # Version 1's partitions need no rewrite: pattern_clause's query reads both kinds of index.
+                if version not in (0, 1, SCHEMA_VERSION):
                     raise LogStoreError(f"{self.path} is a log store of another version ({version}); move it aside")
-                for statement in _ddl(KEPT):
-                    conn.execute(statement)
+                _make_partition(conn, KEPT)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 self.bytes = _used_bytes(conn)
             finally:
@@ -376,7 +399,12 @@ class LogStore:
         try:
             conn = sqlite3.connect(self.path, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # NORMAL in WAL mode: a commit does not wait for the disk, a checkpoint does. A power cut can lose the
+            # last batches committed, never the file: what a checkpoint has copied back stays whole.
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            conn.execute("PRAGMA temp_store=MEMORY")  # the prune's kept windows and sorts stay off the disk
+            conn.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
             conn.execute("CREATE TEMP TABLE IF NOT EXISTS keep (node TEXT NOT NULL, since REAL NOT NULL, until REAL NOT NULL)")
             conn.execute("CREATE INDEX IF NOT EXISTS temp.keep_node ON keep(node)")
             self._parts = {*_partitions(conn), KEPT}
@@ -434,8 +462,7 @@ class LogStore:
             try:
                 made = [part for part in by_day if part not in self._parts]
                 for part in made:
-                    for statement in _ddl(part):
-                        conn.execute(statement)
+                    _make_partition(conn, part)
                 for part, rows in by_day.items():
                     # rowcount: rows inserted (a line already stored is not, with dedupe); the triggers' are not counted.
                     written += conn.executemany(_insert_sql(part, batch.dedupe), rows).rowcount
@@ -581,9 +608,9 @@ class LogStore:
             sql.append("AND sev >= ?")
             args.append(severity_rank(severity))
         if pattern:
-            clause, value = pattern_clause(pattern)
+            clause, values = pattern_clause(pattern)
             sql.append(clause)
-            args.append(value)
+            args.extend(values)
         sql.append("ORDER BY ts DESC, id DESC LIMIT ?")
         limit = min(max(int(limit), 0), MAX_LIMIT)
         args.append(limit)
@@ -630,19 +657,31 @@ class LogStore:
             raise LogStoreError(f"cannot read the log store {self.path}: {exc}") from None
 
 
-def pattern_clause(pattern: str) -> tuple[str, str]:
-    """The WHERE clause for ``pattern`` and its one parameter: the trigram index for a plain string, else the regex.
+def pattern_clause(pattern: str) -> tuple[str, list[str]]:
+    """The WHERE clause for ``pattern`` and its parameters: the trigram index for a plain string, else the regex.
 
     LogStoreError in one line when ``pattern`` is not a regular expression.
     """
     if len(pattern) >= _FTS_MIN and not _REGEX_CHARS.intersection(pattern):
-        # One FTS5 phrase, its quotes doubled: whatever the operator typed, the engine reads a string.
-        return "AND id IN (SELECT rowid FROM {f} WHERE {f} MATCH ?)", '"' + pattern.replace('"', '""') + '"'
+        # The rows holding every trigram of the string (each one FTS5 string, its quotes doubled: whatever the
+        # operator typed, the engine reads text), then the string itself in the line or the source: an index
+        # without positions cannot say the trigrams are side by side.
+        grams = list(dict.fromkeys(pattern[i:i + _FTS_MIN].lower() for i in range(len(pattern) - _FTS_MIN + 1)))
+        if len(grams) > _FTS_GRAMS:  # the rarest are not known; evenly spread ones narrow as well, and the check is exact
+            grams = [grams[round(i * (len(grams) - 1) / (_FTS_GRAMS - 1))] for i in range(_FTS_GRAMS)]
+        match = " AND ".join('"' + g.replace('"', '""') + '"' for g in grams)
+        if pattern.isascii():
+            # SQLite's lower() folds ASCII only, which is all an ASCII string needs; built in, no call into Python.
+            folded = pattern.lower()
+            return ("AND id IN (SELECT rowid FROM {f} WHERE {f} MATCH ?) "
+                    "AND (instr(lower(line), ?) OR instr(lower(source), ?))"), [match, folded, folded]
+        return ("AND id IN (SELECT rowid FROM {f} WHERE {f} MATCH ?) AND gw_search(?, line, source)",
+                [match, re.escape(pattern)])
     try:
         re.compile(pattern, re.IGNORECASE)
     except re.error as exc:
         raise LogStoreError(f"bad regular expression: {exc}") from None
-    return "AND gw_search(?, line, source)", pattern
+    return "AND gw_search(?, line, source)", [pattern]
 
 
 def _searcher() -> Callable[[str, str, str], bool]:
