@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -446,3 +447,19 @@ def test_a_version_1_store_opens_as_it_is_and_a_newer_one_is_refused_in_one_line
     with pytest.raises(LogStoreError, match="is a log store of another version \\(3\\); move it aside$") as info:
         LogStore(path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("pattern", "narrowed"), [
+    (r"rank\d+\]: step 1", True), (r"Xid .*: 79,", True), ("(?x) x i d", True), (r"cable|fallen", False),
+    (r"ab?c", False), (r"[xX]id", False), ("a.c", False),
+])
+def test_a_regex_is_narrowed_by_the_literal_text_every_match_holds(store: LogStore, pattern: str, narrowed: bool) -> None:
+    from gridwatch.console.runtime.logpattern import pattern_clause
+
+    lines = ["[rank3]: step 12 loss", "[rank4]: step 2 loss", "NVRM: Xid (PCI:0000:3b:00): 79, pid=1", "xid 79",
+             "cable unplugged", "GPU has fallen", "ac abc aXc", "XID: 13"]
+    store.write([_row("node-1", T0 + i, line) for i, line in enumerate(lines)])
+    assert store.flush()
+    assert ("MATCH" in pattern_clause(pattern)[0]) is narrowed
+    regex = re.compile(pattern, re.IGNORECASE)
+    assert [r.line for r in store.query(pattern=pattern)] == [ln for ln in lines if regex.search(ln)]

@@ -13,11 +13,10 @@ mode: readers never wait for the writer), so ``gridwatch logs`` reads the file
 of a running console, or of one long stopped, read-only.
 
 Patterns are the Logs view's: a case-insensitive regular expression searched in
-the line and its source. A plain string of three characters or more is looked
-up in the trigram index (a quoted FTS5 phrase: no FTS syntax reaches the
-engine); anything else runs as the regular expression over the rows the other
-filters leave. Node text is stored as received (it was cleaned on the wire) and
-only ever passed as a bound parameter.
+the line and its source, narrowed by the trigram index where it can be
+(:mod:`gridwatch.console.runtime.logpattern`; no FTS syntax reaches the engine).
+Node text is stored as received (it was cleaned on the wire) and only ever
+passed as a bound parameter.
 
 Retention: lines older than ``retention_s``, then the oldest lines while the
 store holds more than ``max_bytes``, except the lines of an open incident's
@@ -46,6 +45,7 @@ import msgspec
 from loguru import logger
 
 from gridwatch.console.fleet.logquery import parse_log_query, severity_rank
+from gridwatch.console.runtime.logpattern import PatternError, pattern_clause, searcher
 from gridwatch.sshlink.hostlist import HostlistError, expand
 from gridwatch.wire.protocol import SEVERITIES
 
@@ -71,9 +71,6 @@ PRUNE_CHUNK = 20_000  # rows deleted per transaction while pruning (short write 
 KEPT = "kept"  # the partition an open incident's lines move to when their day's partition goes
 _DAY_S = 86_400
 _MAX_TS = 253_402_300_799.0  # 9999-12-31: a node's clock that says more is clipped here
-_FTS_MIN = 3  # the trigram index finds substrings of three characters or more
-_FTS_GRAMS = 12  # trigrams of a long string asked of the index at most
-_REGEX_CHARS = frozenset(".^$*+?{}[]\\|()")
 _COLUMNS = "node, ts, source, severity, kind, line"
 _PARTITION = re.compile(r"^lines_(p\d{8}|kept)$")
 
@@ -298,7 +295,7 @@ class LogStore:
         else:
             conn = sqlite3.connect(self.path)
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.create_function("gw_search", 3, _searcher(), deterministic=True)
+        conn.create_function("gw_search", 3, searcher(), deterministic=True)
         return conn
 
     # ------------------------------------------------------------ writing (any thread, never blocks)
@@ -420,17 +417,22 @@ class LogStore:
                         self._cond.wait(self.flush_s)  # let a batch gather
                     self._hand_over_locked()
                     batch = self._queue.popleft() if self._queue else None
-                    taken = 1
-                    # Behind a slow disk batches pile up: one transaction for several costs less per line.
+                    # Behind a slow disk batches pile up: one transaction for several costs less per line. Only
+                    # taken here; joined after the lock is let go, so that add() on the event loop never waits on it.
+                    more: list[_Batch] = []
+                    lines = len(batch.rows) if batch is not None else 0
                     while (batch is not None and self._queue and not batch.dedupe and not self._queue[0].dedupe
-                           and len(batch.rows) + len(self._queue[0].rows) <= COALESCE_LINES):
-                        batch = _Batch(batch.rows + self._queue.popleft().rows)
-                        taken += 1
+                           and lines + len(self._queue[0].rows) <= COALESCE_LINES):
+                        more.append(self._queue.popleft())
+                        lines += len(more[-1].rows)
+                    taken = 1 + len(more)
                     prune = self._prune if batch is None else None
                     if prune is not None:
                         self._prune = None
                     if batch is None and prune is None and self._closing:
                         return
+                if batch is not None and more:
+                    batch = _Batch([row for b in (batch, *more) for row in b.rows])
                 try:
                     if batch is not None:
                         if conn is None:
@@ -454,8 +456,14 @@ class LogStore:
         by_day: dict[str, list[_Row]] = {}
         # A node's clock far ahead (or a hostile node) must not make lines outlive retention: no later than tomorrow.
         latest = self.clock() + _DAY_S
+        names: dict[int, str] = {}  # a day's partition name by day number: strftime once a day, not once a line
         for row in batch.rows:
-            by_day.setdefault(partition_of(min(row[1], latest)), []).append(row)
+            ts = min(row[1], latest)
+            key = int(ts // _DAY_S) if math.isfinite(ts) else -1  # what partition_of clips goes to the epoch's day
+            part = names.get(key)
+            if part is None:
+                part = names[key] = partition_of(ts)
+            by_day.setdefault(part, []).append(row)
         written = 0
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -608,7 +616,10 @@ class LogStore:
             sql.append("AND sev >= ?")
             args.append(severity_rank(severity))
         if pattern:
-            clause, values = pattern_clause(pattern)
+            try:
+                clause, values = pattern_clause(pattern)
+            except PatternError as exc:
+                raise LogStoreError(str(exc)) from None
             sql.append(clause)
             args.extend(values)
         sql.append("ORDER BY ts DESC, id DESC LIMIT ?")
@@ -655,45 +666,6 @@ class LogStore:
                 conn.close()
         except sqlite3.Error as exc:
             raise LogStoreError(f"cannot read the log store {self.path}: {exc}") from None
-
-
-def pattern_clause(pattern: str) -> tuple[str, list[str]]:
-    """The WHERE clause for ``pattern`` and its parameters: the trigram index for a plain string, else the regex.
-
-    LogStoreError in one line when ``pattern`` is not a regular expression.
-    """
-    if len(pattern) >= _FTS_MIN and not _REGEX_CHARS.intersection(pattern):
-        # The rows holding every trigram of the string (each one FTS5 string, its quotes doubled: whatever the
-        # operator typed, the engine reads text), then the string itself in the line or the source: an index
-        # without positions cannot say the trigrams are side by side.
-        grams = list(dict.fromkeys(pattern[i:i + _FTS_MIN].lower() for i in range(len(pattern) - _FTS_MIN + 1)))
-        if len(grams) > _FTS_GRAMS:  # the rarest are not known; evenly spread ones narrow as well, and the check is exact
-            grams = [grams[round(i * (len(grams) - 1) / (_FTS_GRAMS - 1))] for i in range(_FTS_GRAMS)]
-        match = " AND ".join('"' + g.replace('"', '""') + '"' for g in grams)
-        if pattern.isascii():
-            # SQLite's lower() folds ASCII only, which is all an ASCII string needs; built in, no call into Python.
-            folded = pattern.lower()
-            return ("AND id IN (SELECT rowid FROM {f} WHERE {f} MATCH ?) "
-                    "AND (instr(lower(line), ?) OR instr(lower(source), ?))"), [match, folded, folded]
-        return ("AND id IN (SELECT rowid FROM {f} WHERE {f} MATCH ?) AND gw_search(?, line, source)",
-                [match, re.escape(pattern)])
-    try:
-        re.compile(pattern, re.IGNORECASE)
-    except re.error as exc:
-        raise LogStoreError(f"bad regular expression: {exc}") from None
-    return "AND gw_search(?, line, source)", [pattern]
-
-
-def _searcher() -> Callable[[str, str, str], bool]:
-    compiled: dict[str, re.Pattern[str]] = {}
-
-    def search(pattern: str, line: str, source: str) -> bool:
-        regex = compiled.get(pattern)
-        if regex is None:
-            regex = compiled[pattern] = re.compile(pattern, re.IGNORECASE)
-        return bool(regex.search(line) or regex.search(source))
-
-    return search
 
 
 def _node_names(nodes: Iterable[str] | str) -> list[str]:
