@@ -27,8 +27,13 @@ class PatternError(ValueError):
     """The pattern is not a regular expression; the message says why in one line."""
 
 
-def pattern_clause(pattern: str) -> tuple[str, list[str]]:
-    """The WHERE clause for ``pattern`` (``{f}``: the partition's index) and its parameters; PatternError when bad."""
+def pattern_clause(pattern: str, narrow_regex: bool = True) -> tuple[str, list[str]]:
+    """The WHERE clause for ``pattern`` (``{f}``: the partition's index) and its parameters; PatternError when bad.
+
+    ``narrow_regex``: let the index narrow a regular expression too. The index answers for a whole day at once,
+    so within a short window reading the window's rows in time order costs less: the store asks it then only
+    for a query over whole days.
+    """
     if len(pattern) >= FTS_MIN and not REGEX_CHARS.intersection(pattern):
         # Each trigram one FTS5 string, its quotes doubled: whatever the operator typed, the engine reads text.
         # An index without positions cannot say the trigrams are side by side: the string is checked in the row.
@@ -44,7 +49,7 @@ def pattern_clause(pattern: str) -> tuple[str, list[str]]:
         parsed = _parser.parse(pattern, re.IGNORECASE)
     except re.error as exc:
         raise PatternError(f"bad regular expression: {exc}") from None
-    runs = [run for run in _literal_runs(parsed) if len(run) >= FTS_MIN]
+    runs = [run for run in _literal_runs(parsed) if len(run) >= FTS_MIN] if narrow_regex else []
     if not runs:
         return "AND gw_search(?, line, source)", [pattern]
     # Every match holds these runs of text: only rows whose trigrams include theirs can match.

@@ -617,7 +617,7 @@ class LogStore:
             args.append(severity_rank(severity))
         if pattern:
             try:
-                clause, values = pattern_clause(pattern)
+                clause, values = pattern_clause(pattern, narrow_regex=since is None and until is None)
             except PatternError as exc:
                 raise LogStoreError(str(exc)) from None
             sql.append(clause)
