@@ -77,6 +77,22 @@ def _tier0_cleanup():
         remove_private_dir(path)  # only this user's: another user's directory is not ours to remove
 
 
+@pytest.fixture(autouse=True)
+def _loguru_sinks_of_this_test_only() -> Iterator[None]:
+    """A CLI called in-process adds a stderr sink bound to that test's captured stream; left behind, a later
+    test's log line goes to a closed stream and loguru prints an error into that test's stderr."""
+    from loguru import logger
+
+    handlers = logger._core.handlers  # type: ignore[attr-defined]  # loguru lists its sinks only here
+    before = set(handlers)
+    yield
+    for sink_id in set(handlers) - before:
+        try:
+            logger.remove(sink_id)
+        except ValueError:
+            pass  # removed by the test itself meanwhile
+
+
 @pytest.fixture
 def keys(tmp_path: Path):
     # One host key for every test agent, chosen explicitly: tests start many agents on

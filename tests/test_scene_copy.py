@@ -374,7 +374,7 @@ async def test_a_console_that_cannot_keep_the_scene_still_isolates_and_says_so(k
 
 async def test_a_copy_that_takes_too_long_stops_and_says_the_rest_stays_on_the_node(linked, tmp_path: Path) -> None:
     _, fleet, on_node = linked
-    (on_node / "core.bin").write_bytes(os.urandom(3 * 2**20))
+    (on_node / "core.bin").write_bytes(os.urandom(8 * 2**20))
     now = [0.0]
     reads = Reads(fleet)
 

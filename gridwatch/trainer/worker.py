@@ -308,6 +308,9 @@ class Worker:
 
     def share(self) -> None:
         """Every member takes rank 0's model, optimizer, step and data position (a node joining a running job)."""
+        # The broadcast writes the live tensors in place, not through an optimizer step: a snapshot still
+        # being copied out of them must finish first.
+        self.ckpt.settle()
         pos = broadcast_object((self.step, self.sampler.state.epoch, self.sampler.state.position), 0, tuple[int, int, int])
         self.step = pos[0]
         self.sampler.state = SamplerState(epoch=pos[1], position=pos[2])
