@@ -83,10 +83,13 @@ def _loguru_sinks_of_this_test_only() -> Iterator[None]:
     test's log line goes to a closed stream and loguru prints an error into that test's stderr."""
     from loguru import logger
 
-    handlers = logger._core.handlers  # type: ignore[attr-defined]  # loguru lists its sinks only here
-    before = set(handlers)
+    def sinks() -> set[int]:
+        # loguru lists its sinks only here, and replaces the dict on every add: read it afresh each time.
+        return set(logger._core.handlers)  # type: ignore[attr-defined]
+
+    before = sinks()
     yield
-    for sink_id in set(handlers) - before:
+    for sink_id in sinks() - before:
         try:
             logger.remove(sink_id)
         except ValueError:

@@ -197,3 +197,25 @@ def test_a_worker_kept_out_on_an_isolated_node_that_dies_is_no_crash_but_one_tha
     assert restart_after("joining", node_out=True).kind == "trainer_rejoined"
     assert restart_after("joining", node_out=False).kind == "trainer_restarted"
     assert restart_after("training", node_out=True).kind == "trainer_restarted"  # it was in the job when it died
+
+
+def test_a_worker_kept_out_that_dies_just_as_its_node_is_returned_is_no_crash_either():
+    """A repair clears the fault and returns the node while torchrun starts a worker that was kept out: the
+    next life answers with the node back in service, but the life that died was still out."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.node_out = True
+    link.answered(p.TrainerStatus(phase=p.Text("starting"), step=50, pid=1001))
+    link.node_out = False  # returned before the next life's first answer
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=1, ts=time.time(), message=p.Text("restarted by torchrun (restart 3)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1002, events=[restart]))
+    (event,) = link.take_events()
+    assert event.kind == "trainer_rejoined"
+    # That life answered in service: its own death, had it one, would be a crash.
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=2, ts=time.time(), message=p.Text("restarted by torchrun (restart 4)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1003, events=[restart]))
+    (event,) = link.take_events()
+    assert event.kind == "trainer_restarted"

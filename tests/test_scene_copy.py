@@ -139,6 +139,38 @@ async def test_xid_79_scene_is_in_the_console_before_isolation_and_outlives_the_
     assert kept["files"] and all(_sha(members[f"{top}/{f['name']}"]) == f["sha256"] for f in kept["files"])
 
 
+async def test_an_operators_capture_is_copied_too_under_the_open_incident_or_its_own_name(
+        keys, tmp_path: Path) -> None:
+    ra = await start_agent(keys, name="node-1", scene_dir=str(tmp_path / "node-scenes"))
+    db = tmp_path / "incidents.db"
+    runtime = build_runtime(RuntimeOptions(endpoints=parse_endpoints(ra.spec), key_path=str(keys.operator_key),
+                                           known_hosts=str(keys.known_hosts), db_path=str(db), operator="alice",
+                                           tick_interval=0.1))
+    try:
+        await runtime.start()
+        await wait_until(lambda: len(runtime.engine.live_nodes()) == 1, 15, "the agent connected")
+        # No incident on the node: the copy is kept under the operator's own name, and said where.
+        kept = await runtime.node_action("node-1", p.AgentAction.CAPTURE_SCENE, "a look before the reboot")
+        assert kept.ok and "console copy whole at" in kept.message, kept.message
+        (own,) = [d for d in scenes_path_for(db).iterdir() if d.name.startswith("operator-")]
+        (bundle,) = list((own / "node-1").iterdir())
+        assert _manifest(bundle)["state"] == "whole" and str(bundle) in kept.message
+        audit = [a for a in runtime.plan_store.audit_log() if a.what == "scene copy from node-1"]
+        assert audit and audit[-1].outcome.startswith("whole at")
+        # With an incident open on the node, the operator's capture is that incident's evidence.
+        fault = await runtime.fleet.action("node-1", "inject_fault", {"kind": "xid", "code": 13, "gpu": 0})
+        assert fault.ok, fault.message
+        await wait_until(lambda: any(i.node == "node-1" for i in runtime.plan_store.incidents()), 15, "an incident")
+        (inc,) = [i for i in runtime.plan_store.incidents() if i.node == "node-1"]
+        again = await runtime.node_action("node-1", p.AgentAction.CAPTURE_SCENE, "one more look")
+        assert again.ok and "console copy whole at" in again.message, again.message
+        assert str(scenes_path_for(db) / inc.id / "node-1") in again.message
+    finally:
+        await runtime.stop()
+        runtime.plan_store.close()
+        await stop_agent(ra)
+
+
 # --------------------------------------------------------------------------- the copy
 
 

@@ -78,7 +78,13 @@ def test_cpu_percent_is_the_busy_share_of_the_ticks_between_two_readings(tmp_pat
     # 300 more ticks, 60 of them idle and 30 waiting on I/O; guest time (counted inside user) left out.
     stat.write_text("cpu  250 10 150 860 30 0 0 0 40 0\ncpu0 250 10 150 860 30 0 0 0 40 0\n")
     assert host.sample().cpu_percent == 70.0
-    assert host.sample().cpu_percent is None  # no tick passed between the two readings: N/A, not 0
+    # No tick of /proc/stat passed between two readings (a tick catching up after a hung source): the last
+    # figure stands, not N/A nor 0, and the next reading is measured from the baseline before it.
+    assert host.sample().cpu_percent == 70.0
+    stat.write_text("cpu  260 10 160 940 30 0 0 0 40 0\ncpu0 260 10 160 940 30 0 0 0 40 0\n")
+    assert host.sample().cpu_percent == 20.0
+    fresh = HostSource(proc=str(tmp_path))
+    assert fresh.sample().cpu_percent is None  # nothing measured yet: N/A
 
 
 def test_memory_is_total_less_available_and_a_containers_view_falls_back_to_free(tmp_path: Path) -> None:

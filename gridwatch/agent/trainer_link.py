@@ -54,6 +54,7 @@ class TrainerLink:
         # The node is isolated (its agent says): a worker kept out of the job that dies and is started again
         # cost the job nothing, and is no crash of a training worker.
         self.node_out = False
+        self._out_at_last_answer = False  # node_out when the trainer last answered: its life's own circumstance
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll_forever())
@@ -164,8 +165,13 @@ class TrainerLink:
         self.attached = True
         before, self.last_ok = self.last_ok, time.time()
         previous_pid = self.status.pid if self.status is not None else None
+        # Kept out is judged by where the previous life was when it last answered: the node may have been
+        # returned between its death and the next life's first answer (a repair that clears the fault and
+        # unisolates while torchrun is starting a worker again).
+        kept_out = self.node_out or self._out_at_last_answer
         had_left = self.status is not None and (self.status.phase == p.TrainerPhase.LEFT or (
-            self.node_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING)))
+            kept_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING)))
+        self._out_at_last_answer = self.node_out
         fresh = events_after(status, self._seen_event_seq)
         if fresh:
             self._seen_event_seq = max(e.seq for e in fresh)

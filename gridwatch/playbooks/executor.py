@@ -62,7 +62,7 @@ from gridwatch.playbooks.scheduler import (
     drain_reason,
     incident_of,
 )
-from gridwatch.playbooks.store import STEP_DONE_STATES, IncidentStore, StepRecord, UnknownIncident
+from gridwatch.playbooks.store import OPEN_STATES, STEP_DONE_STATES, IncidentStore, StepRecord, UnknownIncident
 from gridwatch.wire.protocol import ActionResult, AgentAction, ResultCode
 
 __all__ = ["CommandRunner", "Executor", "StepFailed", "StepPending", "PENDING", "PENDING_OUTCOME", "NO_SCHEDULER"]
@@ -100,8 +100,6 @@ NO_SCHEDULER = "no scheduler configured"
 # The step being run: its agent actions carry this as their idempotency key (``Action.key``), so an agent
 # that did the step already answers a repeat (a standby finishing the plan) with the first outcome.
 STEP_KEY: ContextVar[str | None] = ContextVar("step_key", default=None)
-# Incident states in which a pending drain is still worth trying.
-_LIVE_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced")
 
 
 def restart_args(step: PlannedStep) -> dict[str, Any]:
@@ -252,7 +250,7 @@ class Executor:
     async def resume(self) -> list[str]:
         """After a restart: carry on every stored plan with steps left, pending drains included; their ids."""
         resumed = self.store.unfinished()
-        for record in self.store.incidents(states=_LIVE_STATES):
+        for record in self.store.incidents(states=OPEN_STATES):
             if record.id not in resumed and any(s.state == PENDING for s in self.store.steps(record.id)):
                 resumed.append(record.id)
         for incident_id in resumed:
@@ -551,7 +549,7 @@ class Executor:
         if incident is not None:
             ids = [incident]
         else:
-            ids = [r.id for r in self.store.incidents(states=_LIVE_STATES) if r.node == node]
+            ids = [r.id for r in self.store.incidents(states=OPEN_STATES) if r.node == node]
         stopped: list[str] = []
         tasks: list[asyncio.Task[None]] = []
         for record in (s for i in ids for s in self.store.steps(i)):

@@ -43,6 +43,8 @@ from gridwatch.playbooks.store_db import (
 from gridwatch.playbooks.store_history import REMEDIATION_FROM_STEP, HistoryTable, history_op
 
 INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged", "silenced", "resolved")
+# An incident not yet resolved: its pending steps are still worth trying and its evidence is kept.
+OPEN_STATES: tuple[str, ...] = INCIDENT_STATES[:3]
 # Step states: planned -> running -> done | failed; or skipped, escalated,
 # awaiting_confirmation (-> running on confirm, declined), interrupted (the
 # console stopped while it ran: not repeated, since we cannot know if it acted),

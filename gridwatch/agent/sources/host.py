@@ -116,6 +116,7 @@ class HostSource:
         # CPU % from our own deltas of /proc/stat: psutil.cpu_percent() keeps one
         # baseline per process, which any other caller would move under us.
         self._last_cpu = self._cpu_times()
+        self._last_busy: float | None = None
         self._last_t = clock()
         self._last_nics = self._nic_counters()
         self._last_disk = self._disk_counters()
@@ -143,8 +144,13 @@ class HostSource:
         disk = self._disk_counters()
         cpu = self._cpu_times()
         sample = HostSample()
-        if cpu is not None and self._last_cpu is not None:
-            sample.cpu_percent = busy_percent(self._last_cpu, cpu)
+        busy = busy_percent(self._last_cpu, cpu) if cpu is not None and self._last_cpu is not None else None
+        if busy is None and cpu is not None and self._last_cpu is not None and self._last_busy is not None:
+            # Two reads inside one clock tick of /proc/stat (10 ms): no time passed for it, so the last figure
+            # stands and the baseline stays where it was, rather than a sample that says "no reading".
+            sample.cpu_percent, cpu = self._last_busy, self._last_cpu
+        else:
+            sample.cpu_percent = self._last_busy = busy
         sample.mem_total_mb, sample.mem_used_mb = self._memory()
         try:
             sample.load1, sample.load5, sample.load15 = os.getloadavg()

@@ -6,6 +6,7 @@ Each is checked first (read-only, the lead, a history rule that keeps a node out
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ import msgspec
 from loguru import logger
 
 from gridwatch.console.runtime.recoveries import Recovering
+from gridwatch.playbooks.store import OPEN_STATES
 from gridwatch.wire.protocol import ActionResult, AgentAction, ResultCode, Text
 
 # Agent actions that change the job or the node; a watch-only runtime (a baseline run) does not send these.
@@ -59,7 +61,8 @@ class Acting(Recovering):
         from gridwatch.console.runtime.scene_store import CopyState
         from gridwatch.playbooks.executor import STEP_KEY
 
-        incident = str(args.get("incident") or "no-incident")
+        # An operator's capture outside any incident is kept under its own name, which `gridwatch scene` takes too.
+        incident = str(args.get("incident") or time.strftime("operator-%Y%m%dT%H%M%SZ", time.gmtime()))
         on_node = str(result.data.get("path") or "")
         try:
             copy = await self.scenes.keep(node, incident, on_node)
@@ -143,7 +146,15 @@ class Acting(Recovering):
         what = f"{action} on {node}" + (f" {msgspec.json.encode(args).decode()}" if args else "")
         logger.bind(node=node).info("action {} by {}: {}", action, who, reason)
         self.audit(who, what, reason, "before", "")
-        result = await self._send(node, action, dict(args or {}), reason)
+        args = dict(args or {})
+        if action == AgentAction.CAPTURE_SCENE and "incident" not in args:
+            open_here = self._open_incident_on(node)
+            if open_here is not None:
+                args["incident"] = open_here  # the operator's look at a node in trouble is that incident's evidence
+        result = await self._send(node, action, args, reason)
+        if result.ok and action == AgentAction.CAPTURE_SCENE and self.scenes is not None:
+            # As for a plan's capture: the node may be rebooted or re-imaged next, and its disk with it.
+            result = await self._keep_scene(node, args, result)
         self.audit(who, what, reason, "after", f"{'done' if result.ok else 'failed'}: {result.message}")
         if result.ok and action == AgentAction.UNISOLATE and self.executor is not None:
             try:
@@ -153,6 +164,18 @@ class Acting(Recovering):
                 told = f"the scheduler was not told: {type(exc).__name__}: {exc}"
             result = msgspec.structs.replace(result, message=Text(f"{result.message}; scheduler: {told}"))
         return result
+
+    def _open_incident_on(self, node: str) -> str | None:
+        """The newest incident still open on ``node``, if the incident database can say."""
+        incidents = getattr(self.plan_store, "incidents", None)
+        if incidents is None:
+            return None
+        try:
+            open_here = [r for r in incidents(states=OPEN_STATES) if r.node == node]
+        except Exception:  # noqa: BLE001 - the capture goes on; it is kept under the operator's own name
+            logger.bind(node=node).exception("cannot read the open incidents of {}", node)
+            return None
+        return max(open_here, key=lambda r: r.detected_at).id if open_here else None
 
     def audit(self, who: str, what: str, why: str, phase: str, outcome: str) -> None:
         if self.plan_store is None:

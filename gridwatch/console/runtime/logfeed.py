@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gridwatch.console.fleet.node import event_text
 from gridwatch.console.runtime.logstore import Evidence, LogRow, LogStore
+from gridwatch.playbooks.store import OPEN_STATES
 from gridwatch.wire.protocol import Event, LogLine
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 EVIDENCE_BEFORE_S = 300.0  # an incident's window: its nodes' lines from this long before it ...
 EVIDENCE_AFTER_S = 300.0  # ... to this long after
-OPEN_STATES = ("open", "acknowledged", "silenced")  # an incident whose evidence is kept
 PRUNE_EVERY_S = 60.0
 WINDOW_NODES_MAX = 16  # nodes asked for an incident's window at most
 WINDOW_LIMIT = 5000  # lines an agent answers one search with at most (gridwatch.agent.agent.search)

@@ -12,6 +12,7 @@ from loguru import logger
 from gridwatch.console.fleet.goodput import IncidentSpan
 from gridwatch.console.runtime.base import RuntimeBase
 from gridwatch.console.runtime.incidents import IncidentRow, StoreIncidents
+from gridwatch.playbooks.store import OPEN_STATES
 
 # Plan steps still to come: an incident in this state has not settled yet.
 _UNSETTLED = frozenset({"planned", "running", "awaiting_confirmation"})
@@ -106,7 +107,7 @@ class Recovering(RuntimeBase):
         """After a restart: incidents that had not recovered yet are waited on again."""
         if self.plan_store is None or self.engine is None:
             return
-        for rec in self.plan_store.incidents(states=("open", "acknowledged", "silenced")):
+        for rec in self.plan_store.incidents(states=OPEN_STATES):
             if rec.fault_step is not None and rec.recovered_at is None and rec.id not in self._recoveries:
                 incident = self.plan_store.stored_incident(rec.id)
                 self._recoveries[rec.id] = _Recovery(rec.id, incident.job if incident else "", rec.fault_step)

@@ -21,6 +21,7 @@ from loguru import logger
 from prometheus_client.registry import Collector
 
 from gridwatch.console.runtime.scene_store import incident_dir
+from gridwatch.playbooks.store import OPEN_STATES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from gridwatch.console.runtime.core import ConsoleRuntime
 
 PRUNE_EVERY_S = 60.0
-OPEN_STATES = ("open", "acknowledged", "silenced")  # an incident whose evidence is kept
 
 
 @dataclass

@@ -367,6 +367,8 @@ class GridwatchApp(App[None]):
         async def go() -> None:
             result = await self.runtime.node_action(node, action, reason)
             outcome = "ok" if result.ok else f"failed: {result.message}"
+            if result.ok and action == AgentAction.CAPTURE_SCENE:
+                outcome = f"ok: {result.message}"  # where the scene is, on the node and at the console
             self.set_note(f"{action} on {node}: {outcome}")
 
         self.set_note(f"{action} on {node}: sent")

@@ -359,13 +359,14 @@ class NodeScreen(ViewScreen):
     """Opened with enter on a node; streams that node's log lines while open."""
 
     VIEW_NAME = "node"
-    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint", "force_return"})
+    CHANGING_ACTIONS = frozenset({"isolate", "checkpoint", "force_return", "keep_scene"})
     HISTORY_EVERY = 5.0  # seconds between reads of the node's history from the incident database
     _history_read = float("-inf")  # when it was last read (the store's clock)
     BINDINGS = [
         Binding("i", "isolate", "Isolate/unisolate"),
         Binding("I", "force_return", "Return, forced", show=False),
         Binding("c", "checkpoint", "Checkpoint now"),
+        Binding("k", "keep_scene", "Keep the scene"),
         Binding("h", "history", "Live/1h/1d"),
         Binding("tab", "app.focus_next", "Next pane", show=False),
     ]
@@ -547,6 +548,11 @@ class NodeScreen(ViewScreen):
     def action_checkpoint(self) -> None:
         self._confirm_then(AgentAction.CHECKPOINT_NOW, Text.assemble("ask the trainer on ", (self.node_name, "bold"),
                                                                      " to checkpoint now"))
+
+    def action_keep_scene(self) -> None:
+        where = " and copy it to this console" if self.runtime.scenes is not None else ""
+        self._confirm_then(AgentAction.CAPTURE_SCENE, Text.assemble(
+            "keep the scene of ", (self.node_name, "bold"), " (frames, logs, stacks) on the node", where))
 
     def _confirm_then(self, action: str, what: Text) -> None:
         def done(result: Confirmed | None) -> None:
