@@ -31,6 +31,7 @@ from gridwatch.console.tui.screens import (
 from gridwatch.console.tui.screens.command_line import COMMANDS, Command, Verb, parse_command, usage_line
 from gridwatch.console.tui.screens.confirm import Confirmed, ConfirmScreen
 from gridwatch.sshlink.hostlist import HostlistError, expand
+from gridwatch.wire.protocol import AgentAction
 
 VIEWS: dict[str, type[ViewScreen]] = {
     Verb.LOGS: LogsScreen,
