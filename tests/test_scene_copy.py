@@ -157,6 +157,7 @@ async def test_an_operators_capture_is_copied_too_under_the_open_incident_or_its
         assert _manifest(bundle)["state"] == "whole" and str(bundle) in kept.message
         audit = [a for a in runtime.plan_store.audit_log() if a.what == "scene copy from node-1"]
         assert audit and audit[-1].outcome.startswith("whole at")
+        assert main(["scene", own.name, "--db", str(db), "--out", str(tmp_path / "own.tar.gz")]) == 0
         # With an incident open on the node, the operator's capture is that incident's evidence.
         fault = await runtime.fleet.action("node-1", "inject_fault", {"kind": "xid", "code": 13, "gpu": 0})
         assert fault.ok, fault.message

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap = sub.add_parser("scene", help="an incident's scenes from the console's scene store, as one .tar.gz",
                         description="Write the scenes the console copied off the nodes for INCIDENT as one .tar.gz.",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("incident", metavar="INCIDENT", help="the incident's id, as the Incidents view shows it")
+    ap.add_argument("incident", metavar="INCIDENT", help="the incident's id, as the Incidents view shows it (or operator-TIME: an operator's capture outside any)")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--db", metavar="PATH", help="the console's incident database: the scene store is beside it")
     where.add_argument("--cluster", metavar="FILE", help="cluster.toml: its db")
