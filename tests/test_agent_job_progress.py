@@ -115,3 +115,34 @@ async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, 
         assert sample is not None and sample.trainer is not None and sample.trainer.job == "slurm-4242"
     finally:
         await stop_agent(ra)
+
+
+async def test_a_requeued_job_s_new_life_reports_no_step_until_it_prints_one(keys, tmp_path: Path) -> None:
+    # Requeued, a job's old ranks print on as they die; once its next life (SLURM_RESTART_COUNT up) runs here,
+    # what the log said before is not this life's step, or the console would call it recovered too soon.
+    from gridwatch.wire import protocol as p
+
+    log = tmp_path / "train.log"
+    log.write_text("")
+    ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False), jobs_every=0)
+    try:
+        ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242")]
+        first, second = _megatron_lines()
+        with log.open("a") as fh:
+            fh.write(second + "\n")
+        step = int(second.split("/")[0].split()[-1])
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
+                         and s.trainer.step == step, timeout=10, what="the first life's step")
+        ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242", restarts=1)]
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
+                         and s.trainer.step is None, timeout=10, what="the new life without a step yet")
+        sample = _latest(ra.agent)
+        assert sample is not None and sample.trainer is not None
+        assert sample.trainer.job == "slurm-4242" and sample.trainer.phase == "starting"
+        with log.open("a") as fh:
+            fh.write(first + "\n")  # the new life's first line, from its checkpoint (an earlier iteration)
+        await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
+                         and s.trainer.step == int(first.split("/")[0].split()[-1]), timeout=10,
+                         what="the new life's own step")
+    finally:
+        await stop_agent(ra)

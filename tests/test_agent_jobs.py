@@ -66,3 +66,11 @@ def test_the_job_the_agent_itself_runs_in_is_not_reported(tmp_path: Path) -> Non
     (tmp_path / "self").mkdir()
     (tmp_path / "self" / "cgroup").write_text(POD)
     assert [(j.scheduler, j.id) for j in jobs_on_node(tmp_path)] == [("slurm", "4242")]
+
+
+def test_a_requeued_job_says_how_often_it_was_restarted_and_a_bogus_count_is_none(tmp_path: Path) -> None:
+    # Slurm sets SLURM_RESTART_COUNT in a requeued job's environment: each requeue is a new life of the same id.
+    _proc(tmp_path, 300, PLAIN, b"SLURM_JOB_ID=9\0SLURM_RESTART_COUNT=2\0SLURMD_NODENAME=node-1\0")
+    _proc(tmp_path, 301, PLAIN, b"SLURM_JOB_ID=10\0SLURM_RESTART_COUNT=-1; reboot\0SLURMD_NODENAME=node-1\0")
+    _proc(tmp_path, 302, PLAIN, b"SLURM_JOB_ID=11\0SLURMD_NODENAME=node-1\0")
+    assert [(j.id, j.restarts) for j in jobs_on_node(tmp_path, node="node-1")] == [("9", 2), ("10", 0), ("11", 0)]

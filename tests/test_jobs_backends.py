@@ -92,3 +92,44 @@ async def test_kubernetes_deletes_only_the_pods_a_controller_recreates_and_says_
 def test_a_pod_name_that_could_pose_as_an_option_is_refused() -> None:
     with pytest.raises(SchedulerError, match="pod or namespace name"):
         KubernetesJobs().parse_list(json.dumps({"items": [_pod("--all")]}))
+
+
+class ScriptedSlurm:
+    """squeue and scontrol answering from a script: the job runs until requeued, then waits with BeginTime."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.requeued = False
+
+    async def run(self, argv: list[str], timeout: float) -> CommandOutcome:
+        self.log.append(" ".join(argv[:2]))
+        if argv[0] == "squeue":
+            return CommandOutcome(0, "12\n")
+        if argv[:2] == ["scontrol", "requeue"]:
+            self.requeued = True
+            return CommandOutcome(0, "")
+        if argv[:2] == ["scontrol", "show"]:
+            if not self.requeued:
+                return CommandOutcome(0, SHOW_JOB)
+            return CommandOutcome(0, SHOW_JOB.replace("JobState=RUNNING Reason=None", "JobState=PENDING Reason=BeginTime")
+                                  .replace("Restarts=0", "Restarts=1"))
+        return CommandOutcome(0, "")
+
+
+async def test_a_requeued_slurm_job_is_let_start_only_past_the_second_its_credential_was_revoked() -> None:
+    # slurmd revokes the job's credential at the requeue, to the second: one issued in that second fails the job
+    # for good ("Killing non-startable batch job: Job credential revoked"), as a real slurmctld did in CI.
+    from gridwatch.playbooks.jobs import REVOKE_S
+    from gridwatch.playbooks.scheduler import Slurm
+
+    log: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        log.append(f"sleep {seconds}")
+
+    client = SchedulerClient(Slurm(), ScriptedSlurm(log), lambda argv, outcome: None)
+    done = await JobRequeuer(client, SlurmJobs(), sleep=sleep).requeue("node-2", [])
+    assert done.done == ["requeued job 12 (pretrain-7b, user alice, node-[1-3]); pending again, asked to start now"]
+    assert REVOKE_S > 1.0
+    assert log[log.index("scontrol requeue"):] == ["scontrol requeue", "scontrol show", f"sleep {REVOKE_S}",
+                                                   "scontrol update"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -426,8 +427,14 @@ async def test_a_slurm_job_gridwatch_did_not_write_is_requeued_off_a_bad_node_an
 
     # Slurm requeued it once, off the bad node (drained), and it runs again from its checkpoint on three nodes.
     assert d.slurm.drained(bad)
-    await _wait(d, lambda: d.slurm.job(job_id).get("JobState") == "RUNNING"
-                and d.slurm.job(job_id).get("Restarts") == "1", timeout=60, what="the job running again, requeued once")
+    try:
+        await wait_until(lambda: d.slurm.job(job_id).get("JobState") == "RUNNING"
+                         and d.slurm.job(job_id).get("Restarts") == "1", timeout=60,
+                         what="the job running again, requeued once")
+    except AssertionError as exc:
+        log = (d.slurm.directory / "log" / "slurmctld.log").read_text(errors="replace").splitlines()
+        raise AssertionError("\n".join([str(exc), d.slurm.scontrol("show", "job", "-o", job_id), *log[-40:],
+                                        _explain(d, incident)])) from None
     nodes = _expand(d.slurm, d.slurm.job(job_id)["NodeList"])
     assert bad not in nodes and spare in nodes, nodes
     ((fault_step,),) = d.query("SELECT fault_step FROM incidents WHERE id=?", incident)
@@ -440,5 +447,9 @@ async def test_a_slurm_job_gridwatch_did_not_write_is_requeued_off_a_bad_node_an
                 timeout=60, what="the incident marked recovered")
     ((detect_s, recover_s),) = d.query("SELECT detect_s, recover_s FROM incident_times WHERE id=?", incident)
     assert 0 <= detect_s < 10 and 0 < recover_s < 60, (detect_s, recover_s)
+    # Not before the job ran again: its old ranks print on as they die, and those steps are not a recovery.
+    ((recovered_at,),) = d.query("SELECT recovered_at FROM incidents WHERE id=?", incident)
+    started = datetime.datetime.fromisoformat(d.slurm.job(job_id)["StartTime"]).timestamp()
+    assert recovered_at >= started, (recovered_at, started)
     await _wait(d, lambda: d.query("SELECT steps_lost FROM incidents WHERE id=?", incident)[0][0] is not None,
                 timeout=30, what="the incident's cost recorded")

@@ -13,6 +13,7 @@ request routed, an action dispatched, the tick run on its schedule and the sched
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 
 from gridwatch.agent.clients import ClientStream, Serving
@@ -21,6 +22,8 @@ from gridwatch.agent.searches import Searching
 from gridwatch.agent.tick import Ticking
 from gridwatch.sshlink.server import Caller
 from gridwatch.wire import protocol as p
+
+JOBS_EARLY_S = 1.0  # the soonest the node's jobs are read again after a read, when something asks for it
 
 
 class Agent(Ticking, Serving, Searching):
@@ -65,19 +68,26 @@ class Agent(Ticking, Serving, Searching):
                 self.log.exception("reading the node's jobs failed")
                 found = []
             jobs = [p.SchedulerJob(scheduler=p.Text(j.scheduler), id=p.Text(j.id), user=p.Text(j.user),
-                                   name=p.Text(j.name), nodes=p.Text(j.nodes), pids=len(j.pids)) for j in found]
-            if [(j.scheduler, j.id) for j in jobs] != [(j.scheduler, j.id) for j in self.jobs]:
-                self.log.info("jobs on the node: {}", ", ".join(f"{j.scheduler} {j.id} ({j.user})" for j in jobs)
-                              or "none")
+                                   name=p.Text(j.name), nodes=p.Text(j.nodes), pids=len(j.pids), restarts=j.restarts)
+                    for j in found]
+            if [(j.scheduler, j.id, j.restarts) for j in jobs] != [(j.scheduler, j.id, j.restarts) for j in self.jobs]:
+                self.log.info("jobs on the node: {}", ", ".join(
+                    f"{j.scheduler} {j.id} ({j.user}{f', restart {j.restarts}' if j.restarts else ''})" for j in jobs)
+                    or "none")
             self.jobs = jobs
             self.job_pids = {(j.scheduler, j.id): list(j.pids) for j in found}
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.config.jobs_every)
-            except TimeoutError:
-                pass
+            # Woken early when a job's log speaks while no job is known here (a requeued job back), yet at most
+            # once every JOBS_EARLY_S: a log with no scheduler job behind it would wake it every tick.
+            early = min(JOBS_EARLY_S, self.config.jobs_every)
+            self.jobs_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), early)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.jobs_wake.wait(), self.config.jobs_every - early)
 
     def stop(self) -> None:
         self._stop.set()
+        self.jobs_wake.set()
         for client in self.clients:
             client.closed = True
             client.wake.set()

@@ -78,6 +78,9 @@ class AgentBase:
         self.jobs: list[p.SchedulerJob] = []  # the scheduler's jobs on this node, read every config.jobs_every
         self.job_pids: dict[tuple[str, str], list[int]] = {}  # (scheduler, id) -> its processes here, for scenes
         self.log_job_names: dict[str, str] = {}  # a progress log -> the scheduler job last seen writing it
+        # A progress log -> the life of its job (scheduler, id, restarts) and when this agent first saw it; a
+        # line read before then was the previous life's (a requeued job's old ranks dying, still printing).
+        self.log_lives: dict[str, tuple[tuple[str, str, int], float]] = {}
         self.infiniband = infiniband  # HCA ports (real or simulated); None on a node without any
         self.patrol: Patrol | None = None  # set by the runner when patrol_interval is on
         self.stack = stack or p.StackFingerprint()
@@ -111,6 +114,7 @@ class AgentBase:
         self._footprint = Footprint()  # the agent's own CPU and memory, for each sample
         self._tick_ms: float | None = None
         self._stop = asyncio.Event()
+        self.jobs_wake = asyncio.Event()  # read the node's jobs now, not at the next jobs_every
         self.log = logger.bind(node=str(self.node))
         self.actions: dict[str, ActionHandler] = dict(HANDLERS)
 

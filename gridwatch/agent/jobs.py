@@ -26,7 +26,8 @@ from gridwatch.wire.protocol import clean_text
 
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 _POD_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-_ENV_KEYS = (b"SLURM_JOB_ID", b"SLURM_JOB_USER", b"SLURM_JOB_NAME", b"SLURM_JOB_NODELIST", b"SLURMD_NODENAME")
+_ENV_KEYS = (b"SLURM_JOB_ID", b"SLURM_JOB_USER", b"SLURM_JOB_NAME", b"SLURM_JOB_NODELIST", b"SLURMD_NODENAME",
+             b"SLURM_RESTART_COUNT")
 MAX_ENVIRON = 256 * 1024  # an environment longer than this is not read past it
 MAX_JOBS = 64  # a node with more jobs than this has something odd going on; the rest are counted, not named
 
@@ -41,6 +42,9 @@ class NodeJob:
     name: str = ""
     nodes: str = ""
     pids: list[int] = field(default_factory=list)
+    # Slurm's SLURM_RESTART_COUNT: how often the job was requeued. A requeued job is a new life of the same id;
+    # progress its log printed before this life began is not this life's.
+    restarts: int = 0
 
 
 def _user(uid: int) -> str:
@@ -142,6 +146,8 @@ def jobs_on_node(proc_root: str | Path = "/proc", node: str = "") -> list[NodeJo
                 job.user = env.get(b"SLURM_JOB_USER") or job.user
                 job.name = env.get(b"SLURM_JOB_NAME", "")
                 job.nodes = env.get(b"SLURM_JOB_NODELIST", "")
+                count = env.get(b"SLURM_RESTART_COUNT", "")
+                job.restarts = int(count) if count.isdigit() and len(count) < 6 else 0
     for job in jobs.values():
         job.pids.sort()
     return sorted(jobs.values(), key=lambda j: (j.scheduler, len(j.id), j.id))

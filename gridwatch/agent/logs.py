@@ -554,6 +554,10 @@ class LogTailer:
         self._buffer.extend(entries)
         return entries, _events(entries, self.kernel_sources(), self._quoted)
 
+    def now(self) -> float:
+        """The tailer's clock: what a progress line's ``ts`` is read against."""
+        return self._clock()
+
     def job_progress(self, fresh_s: float = PROGRESS_FRESH_S) -> tuple[str, JobProgress] | None:
         """The log that printed progress most recently, within ``fresh_s``, and what it said; None if none."""
         now = self._clock()

@@ -129,12 +129,27 @@ class Ticking(AgentBase):
         if found is None:
             return None
         path, job = found
+        assert self.tailer is not None
         if self.jobs:
-            name = self.log_job_names[path] = f"{self.jobs[0].scheduler}-{self.jobs[0].id}"
+            head = self.jobs[0]
+            name = self.log_job_names[path] = f"{head.scheduler}-{head.id}"
+            life = (str(head.scheduler), str(head.id), head.restarts)
+            kept = self.log_lives.get(path)
+            if kept is None or kept[0] != life:
+                # A new life of the job (requeued: its restart count grew): what the log said before is the old
+                # life's. The first life seen counts from the log's start.
+                self.log_lives[path] = (life, 0.0 if kept is None else self.tailer.now())
         else:
             # Its processes gone (requeued, ended) while its log is still fresh: the same job, not a new one
-            # named after the file.
+            # named after the file. Its next life may be starting: the jobs are read again now.
             name = self.log_job_names.get(path) or os.path.basename(path)
+            if path in self.log_job_names:
+                self.jobs_wake.set()  # a scheduler's job, left while its log is fresh: only until the log goes stale
+        since = self.log_lives[path][1] if path in self.log_lives else 0.0
+        if job.ts < since:
+            # Requeued and started again, not printed yet: no step to report (the old life's would read as this
+            # one's, and the console would call the job recovered before it trained a step).
+            return p.TrainerStatus(job=p.Text(name), phase=p.TrainerPhase.STARTING, read_from=p.Text(path))
         return p.TrainerStatus(job=p.Text(name), phase=p.TrainerPhase.TRAINING, step=job.step, loss=job.loss,
                                step_time_s=job.step_time_s, tokens_per_s=job.tokens_per_s, read_from=p.Text(path))
 

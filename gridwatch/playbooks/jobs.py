@@ -233,6 +233,8 @@ def jobs_backend_for(kind: SchedulerKind) -> JobBackend | None:
 
 
 Sleep = Callable[[float], Awaitable[None]]
+# How long after a requeue the job's new credentials are safe from the old one's revocation (whole seconds).
+REVOKE_S = 1.2
 
 
 class JobRequeuer:
@@ -294,6 +296,11 @@ class JobRequeuer:
             current = await self.read(current)
         if not self.jobs.held(current):
             return f"; it is {current.state or 'gone'} now"
+        # Each node's slurmd revoked the job's credential at the requeue, to the second: one issued in that same
+        # second reads as revoked, and slurmctld then fails the job for good ("Killing non-startable batch job:
+        # Job credential revoked"). The requeue happened before the job read as pending, so a little over a
+        # second from here is past it; a later StartTime instead would wait for the scheduler's next pass.
+        await self.sleep(REVOKE_S)
         argv = self.jobs.start_now_argv(current)
         if argv is not None:
             await self.client.act(argv)

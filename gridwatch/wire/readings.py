@@ -155,6 +155,7 @@ class SchedulerJob(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     name: Text = Text("")
     nodes: Text = Text("")  # the job's nodes, as the scheduler writes them (node-[1-3]); empty: not known here
     pids: int = 0  # how many of its processes run on this node
+    restarts: int = 0  # Slurm: how often it was requeued (SLURM_RESTART_COUNT); each is a new life of the job
 
 
 class StackFingerprint(msgspec.Struct, gc=False, kw_only=True):

@@ -138,7 +138,8 @@ class Launching(Recovering):
                 return
             # Watched even when no step is known yet: the first step seen later is the one to pass.
             if incident.id not in self._recoveries:
-                self._recoveries[incident.id] = _Recovery(incident.id, incident.job, step)
+                self._recoveries[incident.id] = _Recovery(incident.id, incident.job, step,
+                                                          lives=self.job_life(incident.job))
 
     def _fault_time(self, incident: Incident) -> float:
         """When the fault behind ``incident`` happened, as near as the console can tell.

@@ -13,6 +13,7 @@ from gridwatch.console.fleet.goodput import IncidentSpan
 from gridwatch.console.runtime.base import RuntimeBase
 from gridwatch.console.runtime.incidents import IncidentRow, StoreIncidents
 from gridwatch.playbooks.store import OPEN_STATES
+from gridwatch.wire.readings import SchedulerJob
 
 # Plan steps still to come: an incident in this state has not settled yet.
 _UNSETTLED = frozenset({"planned", "running", "awaiting_confirmation"})
@@ -27,6 +28,10 @@ class _Recovery:
     fault_step: int | None  # None: the console had seen no training step when the fault came
     settled: bool = False  # its plan has nothing left to run
     settled_step: int | None = None  # the job's step then (or the first one seen after it)
+    # The scheduler's restart count of the job at the fault (Slurm), None when no node named it. Once the plan
+    # requeued the job, only steps of a later life count: its old ranks print on while they die.
+    lives: int | None = None
+    requeued: bool = False
 
 
 class Recovering(RuntimeBase):
@@ -49,14 +54,24 @@ class Recovering(RuntimeBase):
             except Exception:  # noqa: BLE001 - the console keeps going; the log says why
                 logger.exception("cannot record the cost of {}", row.id)
 
-    def job_step(self, job: str = "") -> int | None:
-        """The step ``job`` has trained to: the most advanced trainer among its nodes still in it."""
+    def job_step(self, job: str = "", after_life: int | None = None) -> int | None:
+        """The step ``job`` has trained to: the most advanced trainer among its nodes still in it; with
+        ``after_life``, among the nodes that run a life of it past that restart count only."""
         if self.engine is None:
             summary = self.store.training()
             return summary.status.step if summary is not None else None
         steps = [n.trainer_step for n in self.engine.nodes.values()
-                 if n.trainer_step is not None and not n.out and not n.lost and (not job or not n.job or n.job == job)]
+                 if n.trainer_step is not None and not n.out and not n.lost and (not job or not n.job or n.job == job)
+                 and (after_life is None or any(_named(j, job) and j.restarts > after_life
+                                                for j in n.scheduler_jobs))]
         return max(steps) if steps else None
+
+    def job_life(self, job: str) -> int | None:
+        """The scheduler's restart count of ``job`` (named ``slurm-42``) where its nodes name it; None: unknown."""
+        if self.engine is None or not job:
+            return None
+        lives = [j.restarts for n in self.engine.nodes.values() for j in n.scheduler_jobs if _named(j, job)]
+        return max(lives) if lives else None
 
     def settle(self, incident_id: str) -> None:
         """Its plan has nothing left to run (or waits for an operator): from here the job must train past the fault."""
@@ -66,6 +81,9 @@ class Recovering(RuntimeBase):
         if self.executor is not None and not self.read_only and self.plan_store is not None:
             if any(s.state in _UNSETTLED for s in self.plan_store.steps(incident_id)):
                 return
+        if watch.lives is not None and self.plan_store is not None:
+            watch.requeued = any(s.step == "requeue_job" and s.state == "done"
+                                 for s in self.plan_store.steps(incident_id))
         now_step = self.job_step(watch.job)
         watch.settled = True
         # Steps reported before a restore can still be in the store: the job must pass those too.
@@ -78,7 +96,7 @@ class Recovering(RuntimeBase):
         for watch in list(self._recoveries.values()):
             if not watch.settled:
                 continue
-            step = self.job_step(watch.job)
+            step = self.job_step(watch.job, watch.lives if watch.requeued else None)
             if step is None:
                 continue
             if watch.settled_step is None:
@@ -112,6 +130,11 @@ class Recovering(RuntimeBase):
                 incident = self.plan_store.stored_incident(rec.id)
                 self._recoveries[rec.id] = _Recovery(rec.id, incident.job if incident else "", rec.fault_step)
                 self.settle(rec.id)
+
+
+def _named(job: SchedulerJob, name: str) -> bool:
+    """``job`` is the one a trainer status names ``name`` (the agent names a log's job ``slurm-42``)."""
+    return name == f"{job.scheduler}-{job.id}"
 
 
 def _seconds(value: float | None) -> str:
