@@ -219,3 +219,31 @@ def test_a_worker_kept_out_that_dies_just_as_its_node_is_returned_is_no_crash_ei
     link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1003, events=[restart]))
     (event,) = link.take_events()
     assert event.kind == "trainer_restarted"
+
+
+def test_a_kept_out_life_s_restart_told_in_a_later_answer_after_the_node_is_returned_is_no_crash():
+    """Under load the new worker answers first and says it was restarted only later (once torch is up or it
+    joins), by when a repair may have returned the node: its report still follows the life that had left."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.node_out = True
+    link.answered(p.TrainerStatus(phase=p.Text("left"), step=50, pid=1001))
+    link.answered(p.TrainerStatus(phase=p.Text("starting"), step=50, pid=1002))  # no report of its restart yet
+    link.node_out = False  # the repair returns the node
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=1, ts=time.time(), message=p.Text("restarted by torchrun (restart 1)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=50, pid=1002, events=[restart]))
+    (event,) = link.take_events()
+    assert event.kind == "trainer_rejoined"
+    # A crash's report told late is dated at the dead life's last answer all the same.
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=1001))
+    last_heard = link.last_ok
+    link.answered(p.TrainerStatus(phase=p.Text("starting"), step=5, pid=1002))
+    restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                      seq=1, ts=time.time() + 6.0, message=p.Text("restarted by torchrun (restart 1)"))
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=5, pid=1002, events=[restart]))
+    (event,) = link.take_events()
+    assert event.kind == "trainer_restarted" and last_heard is not None
+    assert abs(p.fault_time(event) - last_heard) < 1e-3

@@ -54,7 +54,14 @@ class TrainerLink:
         # The node is isolated (its agent says): a worker kept out of the job that dies and is started again
         # cost the job nothing, and is no crash of a training worker.
         self.node_out = False
-        self._out_at_last_answer = False  # node_out when the trainer last answered: its life's own circumstance
+        # The node was out (isolated) at some answer of the trainer's current life: a life kept out that dies
+        # while it waits to join is the node's return under way, even when the node was returned just before.
+        self._life_was_out = False
+        # What the previous life left behind, kept for the new life's report of its restart, which may come
+        # in a later answer than its first (it says so once torch is up, or once it joins): whether that life
+        # had left or was kept out (a return, not a crash), and when it last answered (the crash's time).
+        self._previous_left = False
+        self._previous_last_ok: float | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll_forever())
@@ -165,21 +172,29 @@ class TrainerLink:
         self.attached = True
         before, self.last_ok = self.last_ok, time.time()
         previous_pid = self.status.pid if self.status is not None else None
-        # Kept out is judged by where the previous life was when it last answered: the node may have been
-        # returned between its death and the next life's first answer (a repair that clears the fault and
-        # unisolates while torchrun is starting a worker again).
-        kept_out = self.node_out or self._out_at_last_answer
-        had_left = self.status is not None and (self.status.phase == p.TrainerPhase.LEFT or (
-            kept_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING)))
-        self._out_at_last_answer = self.node_out
+        # Kept out is judged by the previous life's whole life, not by the node now: the node may have been
+        # returned before that life died, or between its death and the next life's first answer (a repair
+        # that clears the fault and unisolates while the worker waits to join, or torchrun starts it again).
+        if before is not None and previous_pid and previous_pid != status.pid:  # a new life
+            kept_out = self.node_out or self._life_was_out
+            assert self.status is not None
+            self._previous_left = self.status.phase == p.TrainerPhase.LEFT or (
+                kept_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING))
+            self._previous_last_ok = before
+            self._life_was_out = self.node_out
+        else:
+            self._life_was_out = self._life_was_out or self.node_out
         fresh = events_after(status, self._seen_event_seq)
         if fresh:
             self._seen_event_seq = max(e.seq for e in fresh)
-            if before is not None and previous_pid and previous_pid != status.pid:
-                if had_left:
+            # The life's first report of its restart, in whichever answer it comes: after a life that had left
+            # (or was kept out) it is the node's return; else a crash, dated at the previous life's last answer.
+            if any(e.kind == "trainer_restarted" for e in fresh):
+                if self._previous_left:
                     _as_return(fresh)
-                else:
-                    _date_restart(fresh, before)
+                elif self._previous_last_ok is not None:
+                    _date_restart(fresh, self._previous_last_ok)
+                self._previous_left, self._previous_last_ok = False, None
             # Re-numbered when the agent publishes them into its own stream.
             self._events.extend(fresh)
         status.events = []  # relayed once as events, not again in every sample
