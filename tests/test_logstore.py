@@ -430,21 +430,27 @@ def test_a_version_1_store_opens_as_it_is_and_a_newer_one_is_refused_in_one_line
     store = LogStore(path, retention_s=86400.0)
     try:
         store.write([_row("node-1", T0 + 86400, "new Xid 79 line")])  # the next day: a new partition, no positions
+        store.write([_row("node-1", T0 + 1, "later Xid 79 line")])  # the old day, its row trigger gone: indexed once
         assert store.flush()
-        assert [r.line for r in store.query(pattern="xid 79")] == ["old Xid 79 line", "new Xid 79 line"]
+        assert [r.line for r in store.query(pattern="xid 79")] == ["old Xid 79 line", "later Xid 79 line",
+                                                                   "new Xid 79 line"]
+        with sqlite3.connect(path) as conn:
+            assert not conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name GLOB '*_ai'"
+                                    ).fetchall()
+            assert conn.execute(f"SELECT count(*) FROM fts_{day}_docsize").fetchone()[0] == 2
         assert [r.line for r in store.query(pattern="kern.log")] == ["old Xid 79 line"]
         with sqlite3.connect(path) as conn:
-            assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
             ddl = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE name GLOB 'fts_p*' AND type = 'table'"))
         assert "detail=none" not in ddl[f"fts_{day}"] and "detail=none" in ddl["fts_p20260922"]
         store.prune([], now=1_790_040_000.0 + 86400)  # the old day goes whole, as any day does
         assert store.flush() and [r.line for r in store.query()] == ["new Xid 79 line"]
-        assert store.counters.pruned_age == 1 and store.count() == 1
+        assert store.counters.pruned_age == 2 and store.count() == 1
     finally:
         store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA user_version=3")
-    with pytest.raises(LogStoreError, match="is a log store of another version \\(3\\); move it aside$") as info:
+        conn.execute("PRAGMA user_version=4")
+    with pytest.raises(LogStoreError, match="is a log store of another version \\(4\\); move it aside$") as info:
         LogStore(path)
     assert "\n" not in str(info.value)
 

@@ -51,7 +51,11 @@ from gridwatch.wire.protocol import SEVERITIES
 
 # 2: new partitions index without positions (detail=none); a version-1 store opens as it is, its older
 # partitions queried the same way until their days go.
-SCHEMA_VERSION = 2
+# 3: the writer indexes each batch's new rows in one statement, not by a trigger per row (FTS5 flushes its
+# pending terms at each statement's savepoint, and a trigger makes one a row: about 3x the CPU a line). An
+# older store's insert triggers are dropped on opening; an older gridwatch refuses this store rather than
+# write rows it would not index.
+SCHEMA_VERSION = 3
 STORE_NAME = "logs.db"  # inside the folder beside the incident database (store_path_for)
 QUEUE_BATCHES = 256  # batches waiting for the writer before the oldest is dropped
 BATCH_LINES = 512  # lines buffered by add() before they go to the writer as one batch
@@ -94,11 +98,24 @@ def _ddl(part: str) -> tuple[str, ...]:
         # columnsize=0: no per-row sizes (they serve ranking, and the Logs view orders by time), one write less a line.
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {f} USING fts5(line, source, content='{t}', content_rowid='id', "
         "tokenize='trigram', detail=none, columnsize=0)",
-        f"CREATE TRIGGER IF NOT EXISTS {t}_ai AFTER INSERT ON {t} BEGIN "
-        f"INSERT INTO {f}(rowid, line, source) VALUES (new.id, new.line, new.source); END",
         f"CREATE TRIGGER IF NOT EXISTS {t}_ad AFTER DELETE ON {t} BEGIN "
         f"INSERT INTO {f}({f}, rowid, line, source) VALUES ('delete', old.id, old.line, old.source); END",
     )
+
+
+def _drop_insert_trigger(conn: sqlite3.Connection, part: str) -> None:
+    """An older store indexed each row by a trigger: dropped, as the writer indexes its batches itself now."""
+    conn.execute(f"DROP TRIGGER IF EXISTS lines_{part}_ai")
+
+
+def _newest_id(conn: sqlite3.Connection, part: str) -> int:
+    return int(conn.execute(f"SELECT coalesce(max(id), 0) FROM lines_{part}").fetchone()[0])
+
+
+def _index_after(conn: sqlite3.Connection, part: str, after: int) -> None:
+    """Index ``part``'s rows written after row ``after`` (in this transaction): one statement, not one a row."""
+    conn.execute(f"INSERT INTO fts_{part}(rowid, line, source) SELECT id, line, source FROM lines_{part} "
+                 "WHERE id > ?", (after,))
 
 
 def _make_partition(conn: sqlite3.Connection, part: str) -> None:
@@ -266,9 +283,11 @@ class LogStore:
                 conn.execute("PRAGMA journal_mode=WAL")
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 # Version 1's partitions need no rewrite: pattern_clause's query reads both kinds of index.
-                if version not in (0, 1, SCHEMA_VERSION):
+                if version not in (0, 1, 2, SCHEMA_VERSION):
                     raise LogStoreError(f"{self.path} is a log store of another version ({version}); move it aside")
                 _make_partition(conn, KEPT)
+                for part in (KEPT, *_partitions(conn)):
+                    _drop_insert_trigger(conn, part)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 self.bytes = _used_bytes(conn)
             finally:
@@ -472,8 +491,10 @@ class LogStore:
                 for part in made:
                     _make_partition(conn, part)
                 for part, rows in by_day.items():
-                    # rowcount: rows inserted (a line already stored is not, with dedupe); the triggers' are not counted.
+                    after = _newest_id(conn, part)  # new rows get greater ids (a rowid table takes max + 1)
+                    # rowcount: rows inserted (a line already stored is not, with dedupe); the trigger's are not counted.
                     written += conn.executemany(_insert_sql(part, batch.dedupe), rows).rowcount
+                    _index_after(conn, part, after)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -544,9 +565,11 @@ class LogStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             total = _count(conn, part)
+            after = _newest_id(conn, KEPT)
             moved = conn.execute(f"INSERT INTO lines_{KEPT}(node, ts, source, severity, sev, kind, line) "
                                  f"SELECT node, ts, source, severity, sev, kind, line FROM {t} WHERE NOT {_unkept(t)}"
                                  ).rowcount
+            _index_after(conn, KEPT, after)
             conn.execute(f"DROP TABLE {t}")
             conn.execute(f"DROP TABLE fts_{part}")
             conn.execute("COMMIT")
