@@ -473,3 +473,18 @@ def test_a_regex_is_narrowed_by_the_literal_text_every_match_holds(store: LogSto
     assert "MATCH" not in pattern_clause(pattern, narrow_regex=False)[0]
     assert [r.line for r in store.query(pattern=pattern, since=T0 + 1, until=T0 + 6)] == [
         ln for i, ln in enumerate(lines) if 1 <= i <= 6 and regex.search(ln)]
+
+
+def test_a_batch_keeps_every_line_byte_for_byte_and_a_time_that_is_no_number_is_kept_as_a_number(store: LogStore) -> None:
+    # A node's NaN clock made the whole batch fail (SQLite stores NaN as NULL, and ts is NOT NULL): every line lost.
+    lines = ['say "hi" \\ back\\slash', "GPU Größe ÜBER ✓", "tab\there", "{'loss': 1.5, 'epoch': 0.01}", "[1, 2]", "null"]
+    store.write([_row("node-1", T0 + i + 0.123456789, line) for i, line in enumerate(lines)]
+                + [_row("node-2", float("nan"), "a NaN clock"), _row("node-2", float("inf"), "an infinite clock")])
+    assert store.flush()
+    got = sorted(store.query(nodes="node-1"), key=lambda r: r.ts)
+    assert [r.line for r in got] == lines
+    assert [r.ts for r in got] == [T0 + i + 0.123456789 for i in range(len(lines))]  # the same double back
+    odd = {r.line: r.ts for r in store.query(nodes="node-2")}
+    assert odd["a NaN clock"] == 0.0  # the epoch's day
+    assert time.time() < odd["an infinite clock"] <= time.time() + 86400  # no later than tomorrow, as any line
+    assert store.counters.written == len(lines) + 2 and store.counters.failed == 0

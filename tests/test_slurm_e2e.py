@@ -351,7 +351,8 @@ async def test_a_node_returned_from_the_cli_while_its_drain_is_pending_is_not_dr
     assert d.step(incident, "drain_node")[0] == "skipped"
 
 
-JOB = ROOT / "tests" / "jobs" / "plain_loop.py"
+# A plain torch DDP job (gloo, torch.save, resume from the newest, Megatron's progress lines): nothing of gridwatch.
+JOB = ROOT / "tests" / "jobs" / "ddp_job.py"
 
 
 @pytest.fixture
@@ -391,7 +392,7 @@ async def test_a_slurm_job_gridwatch_did_not_write_is_requeued_off_a_bad_node_an
         plain_job: tuple[Deployment, Path]) -> None:
     d, work = plain_job
     script = work / "job.sh"
-    script.write_text(f"#!/bin/sh\nexec srun {PYTHON} {JOB} {work} 0.2\n")
+    script.write_text(f"#!/bin/sh\nexec srun --kill-on-bad-exit=1 {PYTHON} {JOB} {work} 0.2 10\n")
     script.chmod(0o755)
     done = subprocess.run(["sbatch", "--parsable", "--requeue", "-N", "3", "-J", "pretrain",
                            "-o", str(work / "slurm-%j.out"), str(script)], env=d.slurm.env(), capture_output=True,

@@ -8,7 +8,9 @@ Megatron-LM's progress line for every iteration. Requeued, it starts over from i
     srun python ddp_job.py WORKDIR [SECONDS_PER_ITERATION] [CKPT_EVERY]
 
 Each line it prints starts with the wall time it was printed at, so a benchmark can read when it started
-and when it trained again without a clock of its own.
+and when it trained again without a clock of its own. Every rank also writes its own log,
+WORKDIR/logs/NODE.log (a restart line, then the progress line of each iteration, as a rank's log on a
+node's disk), which the node's agent tails.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ if checkpoint.exists():
     optimizer.load_state_dict(state["optimizer"])
     iteration = int(state["iteration"])
 say(f"rank {rank} resumes from iteration {iteration}")
+(work / "logs").mkdir(parents=True, exist_ok=True)
+own = (work / "logs" / f"{node}.log").open("a", buffering=1)
+own.write(f"restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: rank {rank} on {node} resumes from iteration "
+          f"{iteration}\n")
 total = 1_000_000
 generator = torch.Generator().manual_seed(rank)
 while iteration < total:
@@ -62,10 +68,12 @@ while iteration < total:
     loss.backward()  # DDP's all-reduce: every rank steps together, or none does
     optimizer.step()
     iteration += 1
+    progress = (f"iteration {iteration:8d}/{total:8d} | consumed samples: {iteration * 16 * world:12d} | "
+                f"elapsed time per iteration (ms): {(time.time() - t0) * 1000:.1f} | learning rate: 1.000000E-02 | "
+                f"global batch size: {16 * world:5d} | lm loss: {loss.item():.6E} | loss scale: 1.0 |")
+    own.write(f" [{time.strftime('%Y-%m-%d %H:%M:%S')}] {progress}\n")
     if rank == 0:
-        say(f"iteration {iteration:8d}/{total:8d} | consumed samples: {iteration * 16 * world:12d} | "
-            f"elapsed time per iteration (ms): {(time.time() - t0) * 1000:.1f} | learning rate: 1.000000E-02 | "
-            f"global batch size: {16 * world:5d} | lm loss: {loss.item():.6E} | loss scale: 1.0 |")
+        say(progress)
         if iteration % every == 0:
             partial = checkpoint.with_suffix(".tmp")
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),

@@ -478,6 +478,8 @@ class LogStore:
         names: dict[int, str] = {}  # a day's partition name by day number: strftime once a day, not once a line
         for row in batch.rows:
             ts = min(row[1], latest)
+            if not math.isfinite(row[1]):  # SQLite stores a NaN as NULL (refused): kept at its partition's time
+                row = (row[0], ts if math.isfinite(ts) else 0.0, row[2], row[3], row[4], row[5], row[6])
             key = int(ts // _DAY_S) if math.isfinite(ts) else -1  # what partition_of clips goes to the epoch's day
             part = names.get(key)
             if part is None:
