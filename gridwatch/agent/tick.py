@@ -132,7 +132,7 @@ class Ticking(AgentBase):
         assert self.tailer is not None
         if self.jobs:
             head = self.jobs[0]
-            name = self.log_job_names[path] = f"{head.scheduler}-{head.id}"
+            name = self.log_job_names[path] = head.job_name()
             life = (str(head.scheduler), str(head.id), head.restarts)
             kept = self.log_lives.get(path)
             if kept is None or kept[0] != life:

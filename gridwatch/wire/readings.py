@@ -157,6 +157,10 @@ class SchedulerJob(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     pids: int = 0  # how many of its processes run on this node
     restarts: int = 0  # Slurm: how often it was requeued (SLURM_RESTART_COUNT); each is a new life of the job
 
+    def job_name(self) -> str:
+        """What a trainer status read from this job's log names it (``slurm-42``): one spelling for both ends."""
+        return f"{self.scheduler}-{self.id}"
+
 
 class StackFingerprint(msgspec.Struct, gc=False, kw_only=True):
     """The software a node runs; two nodes of one job should hash the same."""

@@ -134,7 +134,7 @@ class Recovering(RuntimeBase):
 
 def _named(job: SchedulerJob, name: str) -> bool:
     """``job`` is the one a trainer status names ``name`` (the agent names a log's job ``slurm-42``)."""
-    return name == f"{job.scheduler}-{job.id}"
+    return name == job.job_name()
 
 
 def _seconds(value: float | None) -> str:
