@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from gridwatch.agent.logs import LogTailer
@@ -36,12 +38,12 @@ async def test_a_megatron_job_s_log_gives_the_console_its_step_loss_and_step_tim
         with log.open("a") as fh:
             fh.write("building GPT model ...\n" + first + "\n" + second + "\n")
         await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
-                         and s.trainer.step == int(second.split("/")[0].split()[-1]),
+                         and s.trainer.step == _iteration(second),
                          timeout=10, what="a sample carrying the job's progress")
         sample = _latest(ra.agent)
         status = sample.trainer
         assert status.read_from == str(log) and status.phase == "training"
-        assert status.step == int(second.split("/")[0].split()[-1])  # the newest iteration printed
+        assert status.step == _iteration(second)  # the newest iteration printed
         assert status.loss is not None and status.step_time_s is not None and status.step_time_s > 1.0
         assert summarize(sample).trainer.read_from == str(log)  # the fleet's summaries say it too
         # Read from a log, it is no trainer of gridwatch's: the engine does not count on it to leave in place.
@@ -94,8 +96,9 @@ async def test_a_scene_keeps_a_slurm_job_s_process_stacks_and_the_tail_of_its_ou
         await stop_agent(ra)
 
 
-async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, tmp_path: Path) -> None:
-    # Requeued, the job's processes leave the node before its log goes stale: still the same job to the console.
+@contextlib.asynccontextmanager
+async def _agent_on_a_slurm_job_s_log(keys, tmp_path: Path) -> AsyncIterator[tuple[object, Path]]:  # noqa: ANN001
+    """An agent tailing a job's log, told (as jobs_on_node would find it) that Slurm job 4242 runs here."""
     from gridwatch.wire import protocol as p
 
     log = tmp_path / "train.log"
@@ -103,6 +106,19 @@ async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, 
     ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False), jobs_every=0)
     try:
         ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242")]
+        yield ra, log
+    finally:
+        await stop_agent(ra)
+
+
+def _iteration(line: str) -> int:
+    """The iteration a Megatron progress line names (`` iteration  1700/ 100000 | ...``)."""
+    return int(line.split("/")[0].split()[-1])
+
+
+async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, tmp_path: Path) -> None:
+    # Requeued, the job's processes leave the node before its log goes stale: still the same job to the console.
+    async with _agent_on_a_slurm_job_s_log(keys, tmp_path) as (ra, log):
         first, second = _megatron_lines()
         with log.open("a") as fh:
             fh.write(first + "\n")
@@ -113,8 +129,6 @@ async def test_a_job_s_name_outlives_its_processes_while_its_log_is_fresh(keys, 
         await wait_until(lambda: ra.agent.ring.last_seq > seq + 3, timeout=10, what="more samples")
         sample = _latest(ra.agent)
         assert sample is not None and sample.trainer is not None and sample.trainer.job == "slurm-4242"
-    finally:
-        await stop_agent(ra)
 
 
 async def test_a_requeued_job_s_new_life_reports_no_step_until_it_prints_one(keys, tmp_path: Path) -> None:
@@ -122,17 +136,12 @@ async def test_a_requeued_job_s_new_life_reports_no_step_until_it_prints_one(key
     # what the log said before is not this life's step, or the console would call it recovered too soon.
     from gridwatch.wire import protocol as p
 
-    log = tmp_path / "train.log"
-    log.write_text("")
-    ra = await start_agent(keys, interval=0.05, tailer=LogTailer([str(log)], kernel=False), jobs_every=0)
-    try:
-        ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242")]
+    async with _agent_on_a_slurm_job_s_log(keys, tmp_path) as (ra, log):
         first, second = _megatron_lines()
         with log.open("a") as fh:
             fh.write(second + "\n")
-        step = int(second.split("/")[0].split()[-1])
         await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
-                         and s.trainer.step == step, timeout=10, what="the first life's step")
+                         and s.trainer.step == _iteration(second), timeout=10, what="the first life's step")
         ra.agent.jobs = [p.SchedulerJob(scheduler="slurm", id="4242", restarts=1)]
         await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
                          and s.trainer.step is None, timeout=10, what="the new life without a step yet")
@@ -142,7 +151,4 @@ async def test_a_requeued_job_s_new_life_reports_no_step_until_it_prints_one(key
         with log.open("a") as fh:
             fh.write(first + "\n")  # the new life's first line, from its checkpoint (an earlier iteration)
         await wait_until(lambda: (s := _latest(ra.agent)) is not None and s.trainer is not None
-                         and s.trainer.step == int(first.split("/")[0].split()[-1]), timeout=10,
-                         what="the new life's own step")
-    finally:
-        await stop_agent(ra)
+                         and s.trainer.step == _iteration(first), timeout=10, what="the new life's own step")

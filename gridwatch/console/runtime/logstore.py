@@ -494,7 +494,7 @@ class LogStore:
                     _make_partition(conn, part)
                 for part, rows in by_day.items():
                     after = _newest_id(conn, part)  # new rows get greater ids (a rowid table takes max + 1)
-                    # rowcount: rows inserted (a line already stored is not, with dedupe); the trigger's are not counted.
+                    # rowcount: rows inserted (a line already stored is not, with dedupe).
                     written += conn.executemany(_insert_sql(part, batch.dedupe), rows).rowcount
                     _index_after(conn, part, after)
                 conn.execute("COMMIT")
