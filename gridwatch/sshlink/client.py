@@ -28,11 +28,10 @@ from loguru import logger
 
 from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.sshlink.policy import client_options, weak_key_reason
+from gridwatch.sshlink.stream import LineStream
 from gridwatch.wire import protocol as p
-from gridwatch.wire.framing import LineBuffer
 from gridwatch.wire.names import node_name_refusal
 
-READ_CHUNK = 65536
 # Errors quote what a peer sent; this is enough to say what happened.
 MAX_ERROR_CHARS = 300
 
@@ -212,8 +211,8 @@ class Fleet:
                 link.via = relay
                 carried[str(ep)] = link
             self.relays[relay] = RelayStatus(endpoint=relay, carried=carried)
-        self._relay_procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
-        self._procs: dict[Endpoint, asyncssh.SSHClientProcess] = {}
+        self._relay_procs: dict[Endpoint, LineStream] = {}
+        self._procs: dict[Endpoint, LineStream] = {}
         self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
         # Request id -> (the link asked, its answer): only that link may answer it.
         self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
@@ -274,7 +273,7 @@ class Fleet:
         if proc is None:
             return False
         try:
-            proc.stdin.write(data)
+            proc.write(data)
         except (OSError, asyncssh.Error):
             return False
         return True
@@ -424,7 +423,7 @@ class Fleet:
         # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
         return base * o.rng.uniform(0.5, 1.0)
 
-    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection]) -> asyncssh.SSHClientProcess:
+    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection]) -> LineStream:
         """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream."""
         o = self.options
         conn = await asyncio.wait_for(
@@ -437,7 +436,6 @@ class Fleet:
                 agent_path=None,
                 config=None,
                 preferred_auth="publickey",
-                encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com", "aes128-ctr"],
                 # A dead agent is found by its silence (dead_intervals); the keepalive only finds a
                 # half-open TCP link under a quiet one, and each one is a round trip per node.
                 keepalive_interval=60,
@@ -454,36 +452,35 @@ class Fleet:
                 f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
                 f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {o.known_hosts}"
             )
-        proc: asyncssh.SSHClientProcess = await asyncio.wait_for(
-            conn.create_process(subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
-        return proc
+        _, session = await asyncio.wait_for(
+            conn.create_session(LineStream, subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        assert isinstance(session, LineStream)
+        return session
 
     async def _connect_and_stream(self, link: NodeLink) -> None:
         o = self.options
         self._set(link, LinkState.CONNECTING)
-        proc = await self._open(link.endpoint, self._conns)
-        lines = LineBuffer()
-        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        stream = await self._open(link.endpoint, self._conns)
+        hello = await asyncio.wait_for(self._first_frame(stream), o.connect_timeout)
         self._on_hello(link, hello)
-        self._procs[link.endpoint] = proc
-        for line in rest:
-            self._on_line(link, line)
+        self._procs[link.endpoint] = stream
+
+        def oversized(count: int) -> None:
+            link.bad_frames += count
+            self._set(link, link.state, f"{link.name}: {count} oversized frame(s) dropped")
+
+        # The lines that came with the hello first; from here each message is handled in the channel's own
+        # callback: no task is woken per message.
+        stream.on_oversized = oversized
+        stream.start(lambda line: self._on_line(link, line))
         # No resume point means "start live"; a restarted agent is read from its first frame.
         resume_from = 0 if link.read_from_start else (link.last_seq or None)
         link.read_from_start = False
         if not self._send(link, self.subscription(link, resume_from)):
             raise ConnectionError("the agent closed the stream after its hello")
         self._set(link, LinkState.CONNECTED, None)
-        while True:
-            data = await proc.stdout.read(READ_CHUNK)
-            if not data:
-                raise ConnectionError("the agent closed the stream")
-            for line in lines.feed(data):
-                self._on_line(link, line)
-            if lines.oversized:
-                link.bad_frames += lines.oversized
-                self._set(link, link.state, f"{link.name}: {lines.oversized} oversized frame(s) dropped")
-                lines.oversized = 0
+        await stream.closed
+        raise ConnectionError("the agent closed the stream")
 
     # ------------------------------------------------------------ relays
 
@@ -503,7 +500,7 @@ class Fleet:
         if proc is None:
             return False
         try:
-            proc.stdin.write(p.encode(frame))
+            proc.write(p.encode(frame))
         except (OSError, asyncssh.Error):
             return False
         return True
@@ -545,33 +542,35 @@ class Fleet:
     async def _relay_session(self, relay: RelayStatus) -> None:
         o = self.options
         # Its state stays what it was (connecting at first, down while retried) until it is up.
-        proc = await self._open(relay.endpoint, self._conns)
-        lines = LineBuffer()
-        hello, rest = await asyncio.wait_for(self._first_frame(proc, lines), o.connect_timeout)
+        stream = await self._open(relay.endpoint, self._conns)
+        hello = await asyncio.wait_for(self._first_frame(stream), o.connect_timeout)
         if not hello.relay:
             raise LinkRefused(f"{relay.endpoint}: this is an agent ({hello.node}), not a relay; list it under nodes, "
                               "not as a relay's address")
         relay.name, relay.role = str(hello.node), str(hello.role)
-        self._relay_procs[relay.endpoint] = proc
+        self._relay_procs[relay.endpoint] = stream
         if not self._send_relay(relay, self._relay_subscription(relay, first=True)):
             raise ConnectionError("the relay closed the stream after its hello")
         for link in relay.carried.values():
             link.read_from_start = False
         relay.attempts = 0
         self._relay_is(relay, LinkState.CONNECTED, None)
-        for line in rest:
+
+        def oversized(count: int) -> None:
+            relay.bad_frames += count
+
+        def on_line(line: bytes) -> None:
             self._on_relay_line(relay, line)
-        while True:
-            # One read is many nodes' frames: the relay sends them together, which is what it is for.
-            data = await proc.stdout.read(READ_CHUNK)
+
+        def read() -> None:
+            # One message is many nodes' frames: the relay sends them together, which is what it is for.
             relay.reads += 1
-            if not data:
-                raise ConnectionError("the relay closed the stream")
-            for line in lines.feed(data):
-                self._on_relay_line(relay, line)
-            if lines.oversized:
-                relay.bad_frames += lines.oversized
-                lines.oversized = 0
+
+        stream.on_oversized = oversized
+        stream.on_chunk = read
+        stream.start(on_line)
+        await stream.closed
+        raise ConnectionError("the relay closed the stream")
 
     def _on_relay_line(self, relay: RelayStatus, line: bytes) -> None:
         relay.messages += 1
@@ -614,19 +613,16 @@ class Fleet:
             relay.last_error = p.clean_text(f"relay {relay.name or relay.endpoint}: {what}", MAX_ERROR_CHARS)
             logger.bind(node=str(relay.endpoint)).warning("bad frame #{} from the relay: {}", relay.bad_frames, relay.last_error)
 
-    async def _first_frame(self, proc: asyncssh.SSHClientProcess, lines: LineBuffer) -> tuple[p.Hello, list[bytes]]:
-        """The hello, and whatever lines arrived in the same read after it."""
-        while True:
-            data = await proc.stdout.read(READ_CHUNK)
-            if not data:
-                err = (await proc.stderr.read(4096)) if proc.stderr else b""
-                raise ConnectionError(p.clean_text(err.decode(errors="replace"), 200) or "the agent closed the stream before its hello")
-            received = lines.feed(data)
-            if received:
-                frame = p.decode_agent_frame(received[0])
-                if isinstance(frame, p.Hello):
-                    return frame, received[1:]
-                raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
+    async def _first_frame(self, stream: LineStream) -> p.Hello:
+        """The hello (taken from the stream: the lines after it go to its handler once started)."""
+        received = await stream.first_lines()
+        if not received:
+            err = bytes(stream.stderr).decode(errors="replace")
+            raise ConnectionError(p.clean_text(err, 200) or "the agent closed the stream before its hello")
+        frame = p.decode_agent_frame(received.pop(0))
+        if isinstance(frame, p.Hello):
+            return frame
+        raise ConnectionError(f"expected a hello frame first, got {frame.__struct_config__.tag}")
 
     def _pin(self, link: NodeLink, hello: p.Hello) -> str:
         """The name this link speaks for; raises :class:`LinkRefused` when it may not have it."""

@@ -8,6 +8,8 @@ with :func:`weak_key_reason`; one list, so the two ends cannot drift apart.
 from __future__ import annotations
 
 import asyncssh
+from asyncssh.constants import MSG_IGNORE
+from asyncssh.encryption import get_encryption_algs
 from asyncssh.kex import get_kex_algs
 from asyncssh.mac import get_mac_algs
 from asyncssh.public_key import get_public_key_algs
@@ -29,6 +31,16 @@ _KEX = (
     "diffie-hellman-group16-sha512",
     "diffie-hellman-group18-sha512",
     "diffie-hellman-group14-sha256",
+)
+# AEAD and counter-mode ciphers only (as asyncssh's and OpenSSH's defaults): no CBC. asyncssh puts an empty
+# SSH_MSG_IGNORE before every packet it sends, the remedy RFC 4251 (9.3.1) gives for CBC's predictable IVs;
+# with none of these it protects nothing, and it doubles what a console decrypts per message (quiet_ignores).
+# AES-GCM first: it costs the console less CPU per frame than ChaCha20.
+_CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes128-ctr",
 )
 _MACS = (
     "umac-128-etm@openssh.com",
@@ -58,6 +70,7 @@ def _supported(wanted: tuple[str, ...], available: list[bytes]) -> list[str]:
 
 KEX_ALGS = _supported(_KEX, get_kex_algs())
 MAC_ALGS = _supported(_MACS, get_mac_algs())
+ENCRYPTION_ALGS = _supported(_CIPHERS, get_encryption_algs())
 SIGNATURE_ALGS = _supported(_SIGNATURES, get_public_key_algs())
 
 
@@ -65,6 +78,7 @@ def server_options() -> dict[str, list[str]]:
     """Keyword arguments for ``asyncssh.create_server`` (its host key algorithms follow from its keys)."""
     return {
         "kex_algs": list(KEX_ALGS),
+        "encryption_algs": list(ENCRYPTION_ALGS),
         "mac_algs": list(MAC_ALGS),
         "signature_algs": list(SIGNATURE_ALGS),
     }
@@ -84,3 +98,24 @@ def weak_key_reason(key: asyncssh.SSHKey) -> str | None:
     elif key.get_algorithm() in ("ssh-dss",):
         return "a DSA key (DSA is no longer accepted)"
     return None
+
+
+_EMPTY_STRING = b"\x00\x00\x00\x00"  # an SSH string of no bytes: what asyncssh's padding ignores carry
+
+
+def quiet_ignores(conn: asyncssh.SSHClientConnection | asyncssh.SSHServerConnection) -> None:
+    """Send no empty SSH_MSG_IGNORE before each packet on ``conn`` (see _CIPHERS: no cipher offered needs one).
+
+    Measured on loopback, 500 links, a 760-byte message a second each: 61 µs of the receiver's CPU per
+    message without them against 80 µs with (benchmarks/bench_ssh_message.py). An ignore a caller
+    sends on purpose (with data) still goes.
+    """
+    send = conn.send_packet
+
+    def send_packet(pkttype: int, *args: bytes, handler: object = None) -> None:
+        if pkttype == MSG_IGNORE and args == (_EMPTY_STRING,):
+            return
+        send(pkttype, *args, handler=handler)  # type: ignore[arg-type]
+
+    # asyncssh calls it through the instance, so the ignore it adds before each packet passes here.
+    setattr(conn, "send_packet", send_packet)  # noqa: B010 - an instance attribute over the method, on purpose

@@ -85,7 +85,12 @@ def _utf8(value: object) -> object:
 
 
 def _write_frame(fd: int, payload: bytes) -> None:
-    view = memoryview(len(payload).to_bytes(_HEADER, "big") + payload)
+    # The header on its own: a batch of megabytes is not copied once more to put four bytes before it.
+    _write_all(fd, memoryview(len(payload).to_bytes(_HEADER, "big")))
+    _write_all(fd, memoryview(payload))
+
+
+def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view):]
 
