@@ -220,9 +220,12 @@ class ConsoleSession:
     # -------------------------------------------------------------- writing
 
     def _emit(self, frame: p.Frame, urgent: bool) -> None:
+        self._emit_raw(p.encode(frame), urgent)
+
+    def _emit_raw(self, data: bytes, urgent: bool) -> None:
         if self.state is SessionState.CLOSED:
             return
-        self._out.append(p.encode(frame))
+        self._out.append(data)
         if urgent:
             self.flush()
         elif self._timer is None:
@@ -273,11 +276,18 @@ class ConsoleSession:
     # ------------------------------------------------------------ the fleet
 
     def _on_frame(self, link: NodeLink, frame: p.Frame) -> None:
-        if isinstance(frame, p.Hello):
-            # What a console may do through the relay is the lesser of its role here and the relay's there.
-            frame = msgspec.structs.replace(frame, role=p.Text(weaker_role(self.caller.role, frame.role)))
         self.relay.counts.frames += 1
-        self._relayed(link.endpoint, frame, urgent=not isinstance(frame, BATCHED))
+        urgent = not isinstance(frame, BATCHED)
+        line = self.fleet.line if self.fleet is not None else b""
+        if isinstance(frame, p.Hello) or not line:
+            if isinstance(frame, p.Hello):
+                # What a console may do through the relay is the lesser of its role here and the relay's there.
+                frame = msgspec.structs.replace(frame, role=p.Text(weaker_role(self.caller.role, frame.role)))
+            self._relayed(link.endpoint, frame, urgent)
+            return
+        # The agent's own line, checked here (a frame of the node this link pinned, in order) and decoded again
+        # by the console, which cleans its text as from any node: not encoded a second time on the way.
+        self._emit_raw(p.relayed_line(str(link.endpoint), line), urgent)
 
     def _on_status(self, link: NodeLink) -> None:
         role = weaker_role(self.caller.role, link.role) if link.role else None

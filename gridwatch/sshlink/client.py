@@ -32,6 +32,8 @@ from gridwatch.sshlink.stream import LineStream
 from gridwatch.wire import protocol as p
 from gridwatch.wire.names import node_name_refusal
 
+# A relay's link: a half-open one under a quiet relay is closed after three unanswered keepalives.
+RELAY_KEEPALIVE_S = 60.0
 # Errors quote what a peer sent; this is enough to say what happened.
 MAX_ERROR_CHARS = 300
 
@@ -220,6 +222,9 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
         self._stopping = False
+        # The line on_frame's frame was decoded from, for the length of that call (b"" for a frame made here):
+        # a relay forwards it as the agent wrote it rather than encoding the frame again.
+        self.line = b""
 
     # ------------------------------------------------------------- lifecycle
 
@@ -423,8 +428,15 @@ class Fleet:
         # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
         return base * o.rng.uniform(0.5, 1.0)
 
-    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection]) -> LineStream:
-        """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream."""
+    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection],
+                    keepalive: float = 0.0) -> LineStream:
+        """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream.
+
+        ``keepalive``: seconds between keepalives, 0 for none. An agent's link needs none: a silent one is
+        closed by _watch_staleness after ``dead_intervals`` of its cadence, sooner than three keepalives
+        would, and asyncssh re-arms its keepalive timer at every packet received (a timer cancelled and
+        one scheduled per message). A relay's link keeps them: its silence is not watched, its nodes' is.
+        """
         o = self.options
         conn = await asyncio.wait_for(
             asyncssh.connect(
@@ -436,9 +448,7 @@ class Fleet:
                 agent_path=None,
                 config=None,
                 preferred_auth="publickey",
-                # A dead agent is found by its silence (dead_intervals); the keepalive only finds a
-                # half-open TCP link under a quiet one, and each one is a round trip per node.
-                keepalive_interval=60,
+                keepalive_interval=keepalive,
                 **client_options(),
             ),
             o.connect_timeout,
@@ -542,7 +552,7 @@ class Fleet:
     async def _relay_session(self, relay: RelayStatus) -> None:
         o = self.options
         # Its state stays what it was (connecting at first, down while retried) until it is up.
-        stream = await self._open(relay.endpoint, self._conns)
+        stream = await self._open(relay.endpoint, self._conns, keepalive=RELAY_KEEPALIVE_S)
         hello = await asyncio.wait_for(self._first_frame(stream), o.connect_timeout)
         if not hello.relay:
             raise LinkRefused(f"{relay.endpoint}: this is an agent ({hello.node}), not a relay; list it under nodes, "
@@ -701,6 +711,7 @@ class Fleet:
 
     def _on_line(self, link: NodeLink, line: bytes) -> None:
         try:
+            self.line = line
             frame = p.decode_agent_frame(line)
         except p.FrameError as exc:
             link.bad_frames += 1
@@ -761,6 +772,7 @@ class Fleet:
                 link.every = 0.0
             link.last_seq = frame.seq
         self.on_frame(link, frame)
+        self.line = b""
 
     async def _watch_staleness(self) -> None:
         o = self.options

@@ -70,6 +70,11 @@ def relayed(endpoint: str, frame: Frame) -> Relayed:
     return Relayed(endpoint=Text(endpoint), frame=msgspec.Raw(encode(frame)[:-1]))
 
 
+def relayed_line(endpoint: str, line: bytes) -> bytes:
+    """:func:`relayed` for a frame still as the line it came in (no newline), encoded: the frame is not encoded again."""
+    return encode(Relayed(endpoint=Text(endpoint), frame=msgspec.Raw(line.strip())))
+
+
 def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:
     if isinstance(line, str):
         line = line.encode("utf-8", "replace")

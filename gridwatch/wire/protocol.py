@@ -36,6 +36,7 @@ from gridwatch.wire.codec import (
     decode_client_frame,
     encode,
     relayed,
+    relayed_line,
 )
 from gridwatch.wire.envelopes import Relayed, RelayLink, RelayNode, RelaySubscribe
 from gridwatch.wire.frames import (
@@ -168,6 +169,7 @@ __all__ = [
     "gpu_brief",
     "now",
     "relayed",
+    "relayed_line",
     "severity_rank",
     "summarize",
     "text_dec_hook",
