@@ -441,3 +441,58 @@ async def test_a_relay_down_is_the_relays_silence_not_a_lost_heartbeat_for_each_
         await runtime.stop()
         if second is not None:
             await second.close()
+
+
+async def test_a_relay_passes_frames_on_as_written_and_the_console_still_judges_each(keys):
+    """The relay reads a summary or an event only as far as its owner and order, and passes the agent's own line
+    on: a frame naming another node stops at the relay, hostile text is cleaned by the console, and a frame the
+    relay could order but not use is refused by the console as from any node."""
+    def summary(seq: int, **fields: object) -> bytes:
+        frame = {"v": 1, "type": "summary", "seq": seq, "ts": 1.0, "node": "odd", "after": seq - 1, "every": 1.0}
+        return json.dumps({**frame, **fields}).encode() + b"\n"
+
+    lines = [
+        p.encode(p.Hello(node=p.Text("odd"), interval=0.1)),
+        summary(1, trainer={"job": "\x1b]0;owned\x07\x1b[31mllm", "phase": "training", "step": 7}),
+        summary(2, node="node-1"),  # another node's name: dropped at the relay
+        summary(3, gpus="not a list"),  # ordered by the relay, refused by the console
+        p.encode(p.Event(node=p.Text("odd"), seq=4, kind=p.Text("xid"), severity=p.Text("critical"),
+                         message=p.Text("xid 79"))),
+    ]
+
+    class Server(asyncssh.SSHServer):
+        def begin_auth(self, username: str) -> bool:
+            return True
+
+        def public_key_auth_supported(self) -> bool:
+            return True
+
+        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+            return True
+
+    async def session(process: asyncssh.SSHServerProcess) -> None:
+        process.stdout.write(lines[0])
+        await process.stdin.readline()  # the relay's subscribe
+        process.stdout.write(b"".join(lines[1:]))
+        await process.stdin.read()  # held open until the relay goes
+
+    agent = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)],
+                                         process_factory=session, encoding=None)
+    node = Endpoint("127.0.0.1", agent.sockets[0].getsockname()[1])
+    r = Relay(name="rack1", nodes=[node], keys=RelayKeys.from_dir(keys.dir), backoff_min=0.05, backoff_max=0.3)
+    relay = Endpoint("127.0.0.1", await r.start("127.0.0.1", 0))
+    c = console(keys, {relay: [node]}, mode=p.StreamMode.SUMMARY, summary_every=1.0)
+    await c.fleet.start()
+    try:
+        await wait_until(lambda: c.of("odd", p.Event), what="the event through the relay")
+        link = c.fleet.links[node]
+        assert [f.seq for f in c.of("odd", p.Summary)] == [1]
+        job = str(c.of("odd", p.Summary)[0].trainer.job)
+        assert "\x1b" not in job and "\x07" not in job and job.endswith("llm")
+        assert [str(e.kind) for e in c.of("odd", p.Event)] == ["xid"] and link.bad_frames == 1
+        (session,) = r.sessions
+        assert session.fleet is not None and session.fleet.links[node].foreign_frames == 1
+    finally:
+        await c.fleet.stop()
+        await r.close()
+        agent.close()

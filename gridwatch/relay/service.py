@@ -285,9 +285,13 @@ class ConsoleSession:
                 frame = msgspec.structs.replace(frame, role=p.Text(weaker_role(self.caller.role, frame.role)))
             self._relayed(link.endpoint, frame, urgent)
             return
-        # The agent's own line, checked here (a frame of the node this link pinned, in order) and decoded again
-        # by the console, which cleans its text as from any node: not encoded a second time on the way.
         self._emit_raw(p.relayed_line(str(link.endpoint), line), urgent)
+
+    def _on_passing(self, link: NodeLink, head: p.Passing, line: bytes) -> None:
+        # A node's frame as its agent wrote it: checked here as far as its owner and order (the fleet's _pass),
+        # decoded whole and cleaned by the console, as any node's: neither decoded nor encoded again on the way.
+        self.relay.counts.frames += 1
+        self._emit_raw(p.relayed_line(str(link.endpoint), line), urgent=isinstance(head, p.PassingEvent))
 
     def _on_status(self, link: NodeLink) -> None:
         role = weaker_role(self.caller.role, link.role) if link.role else None
@@ -318,7 +322,8 @@ class ConsoleSession:
         if old is not None:
             self.fleet = None
             await old.stop()
-        fleet = Fleet(list(wanted), self.relay.fleet_options(sub), on_frame=self._on_frame, on_status=self._on_status)
+        fleet = Fleet(list(wanted), self.relay.fleet_options(sub), on_frame=self._on_frame, on_status=self._on_status,
+                      on_passing=self._on_passing)
         for ep, node in wanted.items():
             link = fleet.links[ep]
             kept = old.links.get(ep) if old is not None else None

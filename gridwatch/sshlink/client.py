@@ -148,6 +148,8 @@ class FleetOptions:
 
 
 FrameCallback = Callable[[NodeLink, p.Frame], None]
+# A relay's: a node's frame passed on as its line, with what was read of it.
+PassingCallback = Callable[[NodeLink, p.Passing, bytes], None]
 StatusCallback = Callable[[NodeLink], None]
 RelayCallback = Callable[["RelayStatus"], None]
 
@@ -198,8 +200,12 @@ class Fleet:
         on_status: StatusCallback | None = None,
         relays: Mapping[Endpoint, Sequence[Endpoint]] | None = None,
         on_relay: RelayCallback | None = None,
+        on_passing: PassingCallback | None = None,
     ) -> None:
         self.options = options
+        # With it, summaries, samples, events and log lines are read only as far as their order and owner
+        # (decode_passing) and handed over as lines: a relay, which passes them on as written.
+        self.on_passing = on_passing
         self.on_frame = on_frame or (lambda link, frame: None)
         self.on_status = on_status or (lambda link: None)
         self.on_relay = on_relay or (lambda relay: None)  # a relay's own link went up or down
@@ -697,19 +703,24 @@ class Fleet:
         # An agent without boot ids is recognised only by numbering from 1 again.
         return hello.last_seq < link.last_seq
 
-    def _foreign(self, link: NodeLink, frame: p.Frame) -> None:
-        """A frame naming another node: dropped, counted, said (rate-limited)."""
+    def _foreign(self, link: NodeLink, claimed: str) -> None:
+        """A frame naming another node (``claimed``, cleaned): dropped, counted, said (rate-limited)."""
         link.foreign_frames += 1
         n = link.foreign_frames
         if n in (1, 10, 100) or n % 1000 == 0:
             message = (
-                f"{link.name}: {n} frame(s) dropped that claimed to come from {str(frame.node)!r}; "
+                f"{link.name}: {n} frame(s) dropped that claimed to come from {claimed!r}; "
                 "an agent speaks only for the node it said hello as"
             )
             logger.bind(node=link.name).warning("{}", message)
             self._set(link, link.state, message)
 
     def _on_line(self, link: NodeLink, line: bytes) -> None:
+        if self.on_passing is not None and link.via is None:
+            head = p.decode_passing(line)
+            if head is not None:
+                self._pass(link, head, line)
+                return
         try:
             self.line = line
             frame = p.decode_agent_frame(line)
@@ -734,7 +745,7 @@ class Fleet:
             if link.barred or isinstance(frame, (p.Relayed, p.RelayLink)):
                 return  # a refused node's frames, or a relay's frame where a node's belongs
         if frame.node and str(frame.node) != link.pinned:
-            self._foreign(link, frame)
+            self._foreign(link, str(frame.node))
             return
         frame.node = p.Text(link.pinned or link.name)
         link.frames += 1
@@ -755,24 +766,46 @@ class Fleet:
             link.last_seq = max(link.last_seq, frame.to_seq)
             link.last_gap = f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
         elif frame.seq:
-            if frame.seq <= link.last_seq:
-                return  # already seen (a resume overlapped)
-            # A summary says which frame it follows: the samples between were folded into it, not lost.
-            # Between summaries folded samples leave holes before events too; the next summary's
-            # ``after`` tells whether a frame went missing there.
             if isinstance(frame, p.Summary):
-                follows = min(frame.after, frame.seq - 1)
+                fresh = self._in_order(link, frame.seq, True, frame.after, frame.every, False)
             else:
-                follows = link.last_seq if link.every > 0 else frame.seq - 1
-            if link.last_seq and follows > link.last_seq:
-                link.gaps += follows - link.last_seq
-            if isinstance(frame, p.Summary):
-                link.every = frame.every
-            elif isinstance(frame, p.Sample):
-                link.every = 0.0
-            link.last_seq = frame.seq
+                fresh = self._in_order(link, frame.seq, False, 0, 0.0, isinstance(frame, p.Sample))
+            if not fresh:
+                return
         self.on_frame(link, frame)
         self.line = b""
+
+    def _in_order(self, link: NodeLink, seq: int, summary: bool, after: int, every: float, sample: bool) -> bool:
+        """Note a numbered frame's place in ``link``'s stream; False for one already seen (a resume overlapped)."""
+        if seq <= link.last_seq:
+            return False
+        # A summary says which frame it follows: the samples between were folded into it, not lost.
+        # Between summaries folded samples leave holes before events too; the next summary's
+        # ``after`` tells whether a frame went missing there.
+        follows = min(after, seq - 1) if summary else (link.last_seq if link.every > 0 else seq - 1)
+        if link.last_seq and follows > link.last_seq:
+            link.gaps += follows - link.last_seq
+        if summary:
+            link.every = every
+        elif sample:
+            link.every = 0.0
+        link.last_seq = seq
+        return True
+
+    def _pass(self, link: NodeLink, head: p.Passing, line: bytes) -> None:
+        """A frame a relay passes on as written: the checks _on_line makes of it, on what was read of it."""
+        assert self.on_passing is not None
+        if head.node and head.node != link.pinned:
+            self._foreign(link, p.clean_text(head.node, 200))
+            return
+        link.frames += 1
+        link.last_frame_at = self.options.clock()
+        if link.state == LinkState.STALE:
+            self._set(link, LinkState.CONNECTED)
+        if head.seq and not self._in_order(link, head.seq, isinstance(head, p.PassingSummary), head.after,
+                                           head.every, isinstance(head, p.PassingSample)):
+            return
+        self.on_passing(link, head, line)
 
     async def _watch_staleness(self) -> None:
         o = self.options

@@ -6,7 +6,16 @@ from typing import Any, get_args
 
 import msgspec
 
-from gridwatch.wire.envelopes import Relayed, RelayLink, RelaySubscribe
+from gridwatch.wire.envelopes import (
+    Passing,
+    PassingEvent,
+    PassingLog,
+    PassingSample,
+    PassingSummary,
+    Relayed,
+    RelayLink,
+    RelaySubscribe,
+)
 from gridwatch.wire.frames import (
     PROTOCOL_VERSION,
     ActionResult,
@@ -58,6 +67,7 @@ _envelope = msgspec.json.Decoder(_Envelope)
 _agent_decoder = msgspec.json.Decoder(AgentFrame, dec_hook=text_dec_hook)
 _client_decoder = msgspec.json.Decoder(ClientFrame, dec_hook=text_dec_hook)
 _any_decoder = msgspec.json.Decoder(AnyFrame, dec_hook=text_dec_hook)
+_passing_decoder = msgspec.json.Decoder(PassingSummary | PassingSample | PassingEvent | PassingLog)
 
 
 def encode(frame: Frame) -> bytes:
@@ -73,6 +83,18 @@ def relayed(endpoint: str, frame: Frame) -> Relayed:
 def relayed_line(endpoint: str, line: bytes) -> bytes:
     """:func:`relayed` for a frame still as the line it came in (no newline), encoded: the frame is not encoded again."""
     return encode(Relayed(endpoint=Text(endpoint), frame=msgspec.Raw(line.strip())))
+
+
+def decode_passing(line: bytes) -> Passing | None:
+    """What a relay needs of a summary, sample, event or log line it passes on; None for any other line (or
+    one that is no such frame), to be decoded whole. No text is built or cleaned: the console does that."""
+    if len(line) > MAX_FRAME_BYTES:
+        return None
+    try:
+        head: Passing = _passing_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return head
 
 
 def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:

@@ -50,3 +50,33 @@ class RelayLink(Frame, tag="relay_link"):
     state: Text  # connecting, connected, stale, down, refused
     error: Text | None = None
     role: Text | None = None  # what the relay's key may do on that node
+
+
+class Passing(msgspec.Struct, tag_field="type", kw_only=True, gc=False):
+    """What a relay reads of a node's frame that it passes on as written: the fields its order and owner are in.
+
+    The console decodes the frame whole (and cleans its text, as any node's); the relay reads this much of
+    the frames that come by the thousand and decodes the others (hello, answers, gaps, errors) whole.
+    """
+
+    seq: int = 0
+    node: str = ""
+    # A summary's: the seq it follows and its cadence (0.0 for a frame that is not a summary).
+    after: int = 0
+    every: float = 0.0
+
+
+class PassingSummary(Passing, tag="summary"):
+    pass
+
+
+class PassingSample(Passing, tag="sample"):
+    pass
+
+
+class PassingEvent(Passing, tag="event"):
+    pass
+
+
+class PassingLog(Passing, tag="log"):
+    pass

@@ -34,11 +34,22 @@ from gridwatch.wire.codec import (
     decode_agent_frame,
     decode_any_frame,
     decode_client_frame,
+    decode_passing,
     encode,
     relayed,
     relayed_line,
 )
-from gridwatch.wire.envelopes import Relayed, RelayLink, RelayNode, RelaySubscribe
+from gridwatch.wire.envelopes import (
+    Passing,
+    PassingEvent,
+    PassingLog,
+    PassingSample,
+    PassingSummary,
+    Relayed,
+    RelayLink,
+    RelayNode,
+    RelaySubscribe,
+)
 from gridwatch.wire.frames import (
     FAULT_AT,
     PROTOCOL_VERSION,
@@ -140,6 +151,11 @@ __all__ = [
     "IbPortSample",
     "LogLine",
     "NicSample",
+    "Passing",
+    "PassingEvent",
+    "PassingLog",
+    "PassingSample",
+    "PassingSummary",
     "RelayLink",
     "RelayNode",
     "RelaySubscribe",
@@ -164,6 +180,7 @@ __all__ = [
     "decode_agent_frame",
     "decode_any_frame",
     "decode_client_frame",
+    "decode_passing",
     "encode",
     "fault_time",
     "gpu_brief",
