@@ -1,6 +1,11 @@
-"""A fleet client over real agents that keeps every frame it receives, and the frames of one type among them."""
+"""A fleet client over real agents that keeps every frame it receives, the frames of one type among them, and an
+agent of the test's own (a broken or hostile one) on a real SSH server."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import asyncssh
 
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
@@ -20,3 +25,23 @@ def make_fleet(ra_or_spec, keys, key=None, known=None, **opts):
 
 def of_type(frames, cls):
     return [f for _, f in frames if isinstance(f, cls)]
+
+
+async def fake_agent(keys: Any, script: Any, host_key: Any = None) -> asyncssh.SSHAcceptor:
+    """An SSH server of the test's own that speaks whatever ``script`` writes: a broken or hostile agent.
+
+    It takes any key (the test is about what the agent says, not who may ask); its host key is the fleet's.
+    """
+
+    class Server(asyncssh.SSHServer):
+        def begin_auth(self, username: str) -> bool:
+            return True
+
+        def public_key_auth_supported(self) -> bool:
+            return True
+
+        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+            return True
+
+    return await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key or str(keys.host_key)],
+                                        process_factory=script, encoding=None)

@@ -21,6 +21,7 @@ from gridwatch.sshlink.hostlist import Endpoint, parse_endpoints
 from gridwatch.wire import protocol as p
 from tests.conftest import free_port, spawn_agent, start_agent, stop_agent, wait_until, wait_until_async
 from tests.hostile_peer import CSI_CLEAR, OSC_CLIPBOARD, OSC_TITLE, contains_escape, hostile_peer
+from tests.support_stream import fake_agent
 
 ESC = "\x1b"
 DCS = f"{ESC}P1$q\"p{ESC}\\"  # a DCS request; some terminals answer it or blank the screen
@@ -168,23 +169,6 @@ async def test_an_agent_answers_a_deep_frame_with_bad_frame_and_keeps_serving(ag
         assert [str(f.code) for f in seen if isinstance(f, p.Error)] == ["bad_frame"]
 
 
-async def _fake_agent(keys: Any, script: Any, host_key: Any = None) -> asyncssh.SSHAcceptor:
-    """An SSH server of the test's own that writes whatever ``script`` writes: a hostile agent."""
-
-    class Server(asyncssh.SSHServer):
-        def begin_auth(self, username: str) -> bool:
-            return True
-
-        def public_key_auth_supported(self) -> bool:
-            return True
-
-        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-            return True
-
-    return await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key or str(keys.host_key)],
-                                        process_factory=script, encoding=None)
-
-
 async def test_the_console_counts_a_deep_frame_as_bad_and_the_session_goes_on(keys) -> None:
     async def script(process: Any) -> None:
         process.stdout.write(p.encode(p.Hello(node=p.Text("deep"))))
@@ -193,7 +177,7 @@ async def test_the_console_counts_a_deep_frame_as_bad_and_the_session_goes_on(ke
         await process.stdout.drain()
         await asyncio.Event().wait()
 
-    server = await _fake_agent(keys, script)
+    server = await fake_agent(keys, script)
     frames: list[p.Frame] = []
     fleet = Fleet(parse_endpoints(f"127.0.0.1:{server.sockets[0].getsockname()[1]}"),
                   FleetOptions(key_path=str(keys.viewer_key), known_hosts=str(keys.known_hosts)),
@@ -439,7 +423,7 @@ async def test_an_agent_with_a_1024_bit_rsa_host_key_is_refused_even_when_pinned
         await process.stdout.drain()
         await asyncio.Event().wait()
 
-    server = await _fake_agent(keys, script, host_key=weak)
+    server = await fake_agent(keys, script, host_key=weak)
     port = server.sockets[0].getsockname()[1]
     known = tmp_path / "known_hosts"
     known.write_bytes(f"[127.0.0.1]:{port} ".encode() + weak.export_public_key("openssh"))

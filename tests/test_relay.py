@@ -22,6 +22,7 @@ from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.wire import protocol as p
 from tests.conftest import PYTHON, ROOT, RunningAgent, free_port, spawn_agent, start_agent, wait_until, wait_until_async
 from tests.support_relay import action_events, endpoint, spawn_relay, stop
+from tests.support_stream import fake_agent
 
 
 @dataclass
@@ -460,24 +461,13 @@ async def test_a_relay_passes_frames_on_as_written_and_the_console_still_judges_
                          message=p.Text("xid 79"))),
     ]
 
-    class Server(asyncssh.SSHServer):
-        def begin_auth(self, username: str) -> bool:
-            return True
-
-        def public_key_auth_supported(self) -> bool:
-            return True
-
-        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-            return True
-
     async def session(process: asyncssh.SSHServerProcess) -> None:
         process.stdout.write(lines[0])
         await process.stdin.readline()  # the relay's subscribe
         process.stdout.write(b"".join(lines[1:]))
         await process.stdin.read()  # held open until the relay goes
 
-    agent = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)],
-                                         process_factory=session, encoding=None)
+    agent = await fake_agent(keys, session)
     node = Endpoint("127.0.0.1", agent.sockets[0].getsockname()[1])
     r = Relay(name="rack1", nodes=[node], keys=RelayKeys.from_dir(keys.dir), backoff_min=0.05, backoff_max=0.3)
     relay = Endpoint("127.0.0.1", await r.start("127.0.0.1", 0))

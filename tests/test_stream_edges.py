@@ -6,13 +6,13 @@ import asyncio
 import json
 import shutil
 
-import asyncssh
 import pytest
 
 from gridwatch.sshlink.client import Fleet, FleetOptions, LinkState
 from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.wire import protocol as p
 from tests.conftest import wait_until
+from tests.support_stream import fake_agent
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on this machine")
@@ -34,27 +34,6 @@ async def test_plain_openssh_shows_readable_frames(agent, keys):
         await proc.wait()
 
 
-async def _fake_agent(keys, script):
-    """An SSH server that speaks whatever ``script`` writes: a broken or hostile agent."""
-
-    class Server(asyncssh.SSHServer):
-        def begin_auth(self, username):
-            return True
-
-        def public_key_auth_supported(self):
-            return True
-
-        def validate_public_key(self, username, key):
-            return True
-
-    async def session(process):
-        await script(process)
-
-    return await asyncssh.create_server(
-        Server, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)], process_factory=session, encoding=None
-    )
-
-
 async def test_an_agent_that_dies_mid_frame_loses_only_that_frame(keys):
     hello = p.encode(p.Hello(node=p.Text("half"), seq=0))
     sample = p.encode(p.Sample(seq=1, node=p.Text("half")))
@@ -64,7 +43,7 @@ async def test_an_agent_that_dies_mid_frame_loses_only_that_frame(keys):
         await process.stdout.drain()
         process.exit(0)
 
-    server = await _fake_agent(keys, script)
+    server = await fake_agent(keys, script)
     port = server.sockets[0].getsockname()[1]
     frames = []
     fleet = Fleet(parse_endpoints(f"127.0.0.1:{port}"), FleetOptions(key_path=str(keys.viewer_key), known_hosts=str(keys.known_hosts), backoff_min=5),
@@ -95,7 +74,7 @@ async def test_a_hostile_agent_cannot_crash_or_flood_the_console(keys):
         await process.stdout.drain()
         await asyncio.Event().wait()
 
-    server = await _fake_agent(keys, script)
+    server = await fake_agent(keys, script)
     port = server.sockets[0].getsockname()[1]
     frames = []
     fleet = Fleet(parse_endpoints(f"127.0.0.1:{port}"), FleetOptions(key_path=str(keys.viewer_key), known_hosts=str(keys.known_hosts)),
