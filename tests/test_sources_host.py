@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psutil
 
-from gridwatch.agent.sources.host import HostSource
+from gridwatch.agent.sources.host import HostSource, nic_links
 
 
 class Clock:
@@ -177,3 +177,34 @@ def test_the_agents_footprint_reads_what_psutil_read() -> None:
 
     rss = Footprint().rss_mb()
     assert rss is not None and abs(rss - psutil.Process().memory_info().rss / 2**20) < 8
+
+
+def _nic(net: Path, name: str, operstate: str, speed: str | None) -> None:
+    (net / name).mkdir(parents=True)
+    (net / name / "operstate").write_text(operstate + "\n")
+    if speed is not None:
+        (net / name / "speed").write_text(speed + "\n")
+
+
+def test_nic_state_and_speed_come_from_sys_class_net(tmp_path: Path) -> None:
+    """Laid out as /sys/class/net: a 400G port up, one down (its speed unreadable), a loopback with no operstate of
+    its own (unknown: up, as the kernel counts it running), a virtual NIC whose speed the kernel does not know."""
+    net = tmp_path / "sys" / "class" / "net"
+    _nic(net, "ib0", "up", "400000")
+    _nic(net, "eth1", "down", None)
+    _nic(net, "lo", "unknown", None)
+    _nic(net, "veth9", "up", "-1")
+    assert nic_links(net) == {"ib0": (True, 400000.0), "eth1": (False, None), "lo": (True, None),
+                              "veth9": (True, None)}
+    assert nic_links(tmp_path / "nowhere") == {}
+    _net_dev(tmp_path, {"ib0": (1, 0, 0, 0, 1, 0, 0, 0), "eth1": (1, 0, 0, 0, 1, 0, 0, 0)})
+    host = HostSource(proc=str(tmp_path), sys_root=str(tmp_path / "sys"))
+    assert {n.name: (n.up, n.speed_mbps) for n in host.sample().nics} == {"ib0": (True, 400000.0),
+                                                                          "eth1": (False, None)}
+
+
+def test_nic_links_say_what_psutil_said_on_this_machine() -> None:
+    """The files read the same state and speed as psutil's ioctls did (what the agent sent before)."""
+    ours = nic_links(Path("/sys/class/net"))
+    theirs = {name: (s.isup, float(s.speed) if s.speed > 0 else None) for name, s in psutil.net_if_stats().items()}
+    assert ours == theirs

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from gridwatch.wire.exitcodes import EXIT_ERROR
@@ -32,10 +31,26 @@ _COMMAND_MODULES = (
 
 
 def _version() -> str:
+    # Imported here: importlib.metadata (email, zipfile, csv ...) is 1.5 MB of every agent's memory otherwise.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("gridwatch")
     except PackageNotFoundError:
         return "0+unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, read only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, default: Any = argparse.SUPPRESS,
+                 help: str = "show the version and exit") -> None:  # noqa: A002 - argparse's own keyword
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"gridwatch {_version()}")
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gridwatch",
         description="The on-call console for large GPU training runs.",
     )
-    parser.add_argument("--version", action="version", version=f"gridwatch {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         import_module(name).register(sub)
