@@ -276,16 +276,12 @@ class ConsoleSession:
     # ------------------------------------------------------------ the fleet
 
     def _on_frame(self, link: NodeLink, frame: p.Frame) -> None:
+        # What the fleet decoded whole: hellos, answers, gaps, errors (the rest comes by _on_passing).
+        if isinstance(frame, p.Hello):
+            # What a console may do through the relay is the lesser of its role here and the relay's there.
+            frame = msgspec.structs.replace(frame, role=p.Text(weaker_role(self.caller.role, frame.role)))
         self.relay.counts.frames += 1
-        urgent = not isinstance(frame, BATCHED)
-        line = self.fleet.line if self.fleet is not None else b""
-        if isinstance(frame, p.Hello) or not line:
-            if isinstance(frame, p.Hello):
-                # What a console may do through the relay is the lesser of its role here and the relay's there.
-                frame = msgspec.structs.replace(frame, role=p.Text(weaker_role(self.caller.role, frame.role)))
-            self._relayed(link.endpoint, frame, urgent)
-            return
-        self._emit_raw(p.relayed_line(str(link.endpoint), line), urgent)
+        self._relayed(link.endpoint, frame, urgent=not isinstance(frame, BATCHED))
 
     def _on_passing(self, link: NodeLink, head: p.Passing, line: bytes) -> None:
         # A node's frame as its agent wrote it: checked here as far as its owner and order (the fleet's _pass),

@@ -228,9 +228,6 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
         self._stopping = False
-        # The line on_frame's frame was decoded from, for the length of that call (b"" for a frame made here):
-        # a relay forwards it as the agent wrote it rather than encoding the frame again.
-        self.line = b""
 
     # ------------------------------------------------------------- lifecycle
 
@@ -722,7 +719,6 @@ class Fleet:
                 self._pass(link, head, line)
                 return
         try:
-            self.line = line
             frame = p.decode_agent_frame(line)
         except p.FrameError as exc:
             link.bad_frames += 1
@@ -748,10 +744,7 @@ class Fleet:
             self._foreign(link, str(frame.node))
             return
         frame.node = p.Text(link.pinned or link.name)
-        link.frames += 1
-        link.last_frame_at = self.options.clock()
-        if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
-            self._set(link, LinkState.CONNECTED)
+        self._heard(link)
         if isinstance(frame, (p.ActionResult, p.SearchResult)):
             asked, fut = self._pending.get(str(frame.id), (None, None))
             if fut is not None and asked == link.endpoint and not fut.done():
@@ -767,28 +760,36 @@ class Fleet:
             link.last_gap = f"frames {frame.from_seq}-{frame.to_seq} lost: {frame.reason}"
         elif frame.seq:
             if isinstance(frame, p.Summary):
-                fresh = self._in_order(link, frame.seq, True, frame.after, frame.every, False)
+                fresh = self._in_order(link, frame.seq, frame.every, frame.after)
             else:
-                fresh = self._in_order(link, frame.seq, False, 0, 0.0, isinstance(frame, p.Sample))
+                fresh = self._in_order(link, frame.seq, 0.0 if isinstance(frame, p.Sample) else None)
             if not fresh:
                 return
         self.on_frame(link, frame)
-        self.line = b""
 
-    def _in_order(self, link: NodeLink, seq: int, summary: bool, after: int, every: float, sample: bool) -> bool:
-        """Note a numbered frame's place in ``link``'s stream; False for one already seen (a resume overlapped)."""
+    def _heard(self, link: NodeLink) -> None:
+        """``link``'s node spoke: counted, its time kept, and a stale link (or one down behind a relay) up again."""
+        link.frames += 1
+        link.last_frame_at = self.options.clock()
+        if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
+            self._set(link, LinkState.CONNECTED)
+
+    def _in_order(self, link: NodeLink, seq: int, every: float | None, after: int | None = None) -> bool:
+        """Note a numbered frame's place in ``link``'s stream; False for one already seen (a resume overlapped).
+
+        ``after``: a summary's (the seq it follows); ``every``: the cadence the frame says (a summary's, 0.0 for a
+        whole sample), None for a frame that says none (an event, a log line).
+        """
         if seq <= link.last_seq:
             return False
         # A summary says which frame it follows: the samples between were folded into it, not lost.
         # Between summaries folded samples leave holes before events too; the next summary's
         # ``after`` tells whether a frame went missing there.
-        follows = min(after, seq - 1) if summary else (link.last_seq if link.every > 0 else seq - 1)
+        follows = min(after, seq - 1) if after is not None else (link.last_seq if link.every > 0 else seq - 1)
         if link.last_seq and follows > link.last_seq:
             link.gaps += follows - link.last_seq
-        if summary:
+        if every is not None:
             link.every = every
-        elif sample:
-            link.every = 0.0
         link.last_seq = seq
         return True
 
@@ -798,13 +799,12 @@ class Fleet:
         if head.node and head.node != link.pinned:
             self._foreign(link, p.clean_text(head.node, 200))
             return
-        link.frames += 1
-        link.last_frame_at = self.options.clock()
-        if link.state == LinkState.STALE:
-            self._set(link, LinkState.CONNECTED)
-        if head.seq and not self._in_order(link, head.seq, isinstance(head, p.PassingSummary), head.after,
-                                           head.every, isinstance(head, p.PassingSample)):
-            return
+        self._heard(link)
+        if head.seq:
+            summary = isinstance(head, p.PassingSummary)
+            every = head.every if summary else 0.0 if isinstance(head, p.PassingSample) else None
+            if not self._in_order(link, head.seq, every, head.after if summary else None):
+                return
         self.on_passing(link, head, line)
 
     async def _watch_staleness(self) -> None:

@@ -12,7 +12,8 @@ The pipe carries length-prefixed msgpack frames: :class:`Write` or :class:`Prune
 ``python -I`` (no current directory, no environment's paths on ``sys.path``: nothing another local
 user can write is imported), importing this module and :mod:`gridwatch.console.runtime.logschema`.
 The file was made and checked by the console before the child opens it. A child that dies (killed,
-out of memory) fails the batch it held (counted) and is started again for the next.
+out of memory) is started again and given the batch it held once more, with dedupe (the console's
+LogStore): whether it had committed is not known, and a line already stored is not stored twice.
 """
 
 from __future__ import annotations
