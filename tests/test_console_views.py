@@ -130,3 +130,44 @@ async def test_the_incidents_view_says_each_incident_s_phase() -> None:
         assert said == {"XID 79: GPU fell off the bus": "open", "inc-act": "acting", "inc-rec": "recovered",
                         "inc-ack": "acknowledged", "inc-done": "resolved"}
         assert "2 open incidents" in screen_text(app)  # the fixture's and inc-act: recovered or acknowledged ones are not
+
+
+async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_new_values() -> None:
+    from textual.geometry import Region
+
+    from gridwatch.console.tui.widgets import GpuHeatmap
+
+    app = make_app()
+    store = app.runtime.store
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        table = app.screen.query_one("#node-table", TextTable)
+        heatmap = app.screen.query_one(GpuHeatmap)
+        app.tick()
+        await pilot.pause()
+
+        def on_screen(widget) -> list[str]:  # noqa: ANN001 - what the widget's lines hold now, cached or not
+            return [strip.text for strip in widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))]
+
+        painted: list[str] = []
+        for widget in (table, heatmap):
+            draw = widget.strip_of
+
+            def counted(runs, y, draw=draw, widget=widget):  # noqa: ANN001, ANN202
+                painted.append(f"{type(widget).__name__}:{y}")
+                return draw(runs, y)
+
+            widget.strip_of = counted
+        before = on_screen(table)
+        app.tick()  # nothing new: nothing painted again
+        await pilot.pause()
+        assert painted == [] and on_screen(table) == before
+        store.apply(make_sample("node03", 50, util=7.0))  # one node's news: its row and its heatmap line
+        app.tick()
+        await pilot.pause()
+        after = on_screen(table)
+        row = next(i for i, line in enumerate(after) if line.startswith("node03"))
+        util = after[0].index("UTIL %")
+        assert after[row][util:util + 6].strip() == "7"  # UTIL % reads the new value
+        assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [row]
+        assert sorted(painted) == sorted([f"TextTable:{row}", f"GpuHeatmap:{heatmap.line_of('node03')}"])

@@ -33,6 +33,7 @@ class NodeRow:
     patrol_failing: bool = False
     preflight_failed: bool = False
     job: str = ""  # the scheduler's jobs on the node (Slurm job ids, pods), else the trainer's job name
+    every_s: float = 1.0  # the node's cadence: a frame at least this often (a sample a tick, or its summaries)
 
     @property
     def flags(self) -> str:

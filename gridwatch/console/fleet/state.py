@@ -447,6 +447,7 @@ class StateStore:
             patrol_failing=node.patrol.status is PatrolStatus.FAILING,
             preflight_failed=node.preflight is not None and not node.preflight.ok,
             job=job_cell(node),
+            every_s=node.interval,
         )
 
     def jobs(self) -> list[JobRow]:

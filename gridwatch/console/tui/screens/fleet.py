@@ -53,6 +53,22 @@ _WARN = Style(color="yellow")
 _HOT = Style(color="yellow", bold=True)  # hot is a warning; red is for what is broken
 
 
+# A node heard within this many of its intervals is on time (jitter included; stale is three).
+ON_TIME_INTERVALS = 1.5
+
+
+def seen_text(age_s: float | None, every_s: float) -> str:
+    """The SEEN cell: ``<3.0s`` for a node heard within its cadence, else how long ago it was heard.
+
+    An age ticking over every second on each of a thousand rows is noise to read, and it makes every
+    row new on every redraw (the table repaints only the rows that changed); a late node shows its age.
+    """
+    on_time = ON_TIME_INTERVALS * every_s
+    if age_s is not None and age_s < on_time:
+        return "<" + format_age(on_time)
+    return format_age(age_s)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "N/A" if value is None else format(value, fmt)
 
@@ -66,7 +82,7 @@ def node_cells(row: NodeRow) -> list[Cell]:
         (row.name, None),
         (str(row.status), STATUS_STYLES[row.status]),
         (row.flags, _BAD if row.flags else None),
-        (format_age(row.age_s), _WARN if row.status is not NodeStatus.OK else None),
+        (seen_text(row.age_s, row.every_s), _WARN if row.status is not NodeStatus.OK else None),
         (row.error or "", _BAD if row.error else None),
         (row.job, None),
         (gpus, _BAD if row.gpu_bad else None),

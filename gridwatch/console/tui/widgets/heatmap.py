@@ -8,17 +8,16 @@ from collections.abc import Sequence
 
 from rich.cells import cell_len
 from rich.color import Color
-from rich.segment import Segment
 from rich.style import Style
 from textual.events import Click, Resize
 from textual.geometry import Size
 from textual.message import Message
-from textual.strip import Strip
 
 from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.rows import HeatmapNode, LazyRows
+from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs
 from gridwatch.console.tui.widgets.plain import plain
-from gridwatch.console.tui.widgets.text_table import PaintedOnce, fit
+from gridwatch.console.tui.widgets.text_table import fit
 from gridwatch.sshlink.hostlist import compress
 
 LABEL_MAX = 24  # a name column wider than this would crowd out the cells
@@ -172,7 +171,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             self._names = [n.name for n in nodes]
             self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
         self._layout()
-        self.refresh()
+        self.refresh_changed()  # once a tick: only the lines whose cells changed are painted again
 
     def set_zoom(self, zoomed: bool) -> None:
         """Zoom out (one cell per node) or in (one cell per GPU), keeping the highlighted node on screen."""
@@ -268,7 +267,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         if name is not None:
             self.post_message(self.NodeClicked(self, name))
 
-    def render_line(self, y: int) -> Strip:
+    def line_runs(self, y: int) -> Runs:
         width = self.size.width
         base = self.paint_style
         line = y + int(self.scroll_y)
@@ -278,25 +277,25 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         start = line * per_line if self._one_per_line else (line // 2) * per_line
         chunk = self.nodes[start : start + per_line]
         if not chunk:
-            return Strip.blank(width, base)
+            return ((" " * width, base),)
         label_style = base + self.get_component_rich_style("gpu-heatmap--label")
         hi = self.get_component_rich_style("gpu-heatmap--highlight")
         if not self._one_per_line and line % 2 == 0:
-            return self._label_line(chunk, label_style, label_style + hi, width, base)
-        segments: list[Segment] = []
+            return self._label_line(chunk, label_style, label_style + hi, base)
+        segments: list[Run] = []
         if self._one_per_line:
             name = chunk[0].name
             style = label_style + hi if name == self.highlight else label_style
-            segments.append(Segment(fit(name, self._label_width - 1), style))
-            segments.append(Segment(" ", base))
-        # Runs of cells with one style become one segment: fewer objects per line to compose.
+            segments.append((fit(name, self._label_width - 1), style))
+            segments.append((" ", base))
+        # Cells of one style in a row become one run: fewer objects per line to compare and compose.
         run: list[str] = []
-        run_style: Style | None = None
+        run_style: Style = base
 
         def put(glyph: str, style: Style) -> None:
             nonlocal run_style
             if style is not run_style and run:
-                segments.append(Segment("".join(run), run_style))
+                segments.append(("".join(run), run_style))
                 run.clear()
             run_style = style
             run.append(glyph)
@@ -329,32 +328,32 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             for _ in range(pad):
                 put(" ", base)
         if run:
-            segments.append(Segment("".join(run), run_style))
-        return Strip(segments).crop_extend(0, width, base)
+            segments.append(("".join(run), run_style))
+        return tuple(segments)
 
-    def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, width: int, base: Style) -> Strip:
+    def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, base: Style) -> Runs:
         """The names above a line of blocks, each over its own cells (the mark column left blank)."""
         label_width = self._block - 1
-        segments = []
+        segments: list[Run] = []
         for node in chunk:
-            segments.append(Segment(" ", base))
+            segments.append((" ", base))
             text = short_label(node.name, label_width, self._suffix)
-            segments.append(Segment(text, hi_style if node.name == self.highlight else style))
-        return Strip(segments).crop_extend(0, width, base)
+            segments.append((text, hi_style if node.name == self.highlight else style))
+        return tuple(segments)
 
-    def _zoomed_line(self, line: int, width: int, base: Style) -> Strip:
+    def _zoomed_line(self, line: int, width: int, base: Style) -> Runs:
         """A rack's nodes, one cell each coloured by its worst GPU, after the rack's name (hostlist form)."""
         if not 0 <= line < len(self._runs):
-            return Strip.blank(width, base)
+            return ((" " * width, base),)
         start, stop = self._runs[line]
         label_style = base + self.get_component_rich_style("gpu-heatmap--label")
         hi = self.get_component_rich_style("gpu-heatmap--highlight")
         label = self._run_labels.get(line)
         if label is None:
             label = self._run_labels[line] = short_label(compress(self._names[start:stop]), ZOOM_LABEL)
-        segments = [Segment(label, label_style), Segment(" ", base)]
+        segments: list[Run] = [(label, label_style), (" ", base)]
         run: list[str] = []
-        run_style: Style | None = None
+        run_style: Style = base
         for i in range(start, stop):
             node = self.nodes[i]
             if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
@@ -366,10 +365,10 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
                 glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
             style = base + style + hi if node.name == self.highlight else base + style
             if style != run_style and run:
-                segments.append(Segment("".join(run), run_style))
+                segments.append(("".join(run), run_style))
                 run.clear()
             run_style = style
             run.append(glyph)
         if run:
-            segments.append(Segment("".join(run), run_style))
-        return Strip(segments).crop_extend(0, width, base)
+            segments.append(("".join(run), run_style))
+        return tuple(segments)

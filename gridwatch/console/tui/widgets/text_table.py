@@ -11,12 +11,12 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.events import Click, Resize
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs
 from gridwatch.console.tui.widgets.plain import plain
 
 
@@ -88,23 +88,6 @@ def column_widths(columns: Sequence[Column], width: int, keep: int) -> list[int]
             widths[i] -= cut
             over -= cut
     return widths
-
-
-class PaintedOnce(ScrollView):
-    """A scroll view whose lines read the widget's style once a paint, not once a line (it walks the ancestors)."""
-
-    _paint_style: Style | None = None  # rich_style during one paint
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        self._paint_style = self.rich_style
-        try:
-            return super().render_lines(crop)
-        finally:
-            self._paint_style = None
-
-    @property
-    def paint_style(self) -> Style:
-        return self._paint_style if self._paint_style is not None else self.rich_style
 
 
 class TextTable(PaintedOnce, can_focus=True):
@@ -193,7 +176,7 @@ class TextTable(PaintedOnce, can_focus=True):
             self.set_reactive(TextTable.cursor, keys.index(current))
         else:
             self.set_reactive(TextTable.cursor, min(self.cursor, max(len(rows) - 1, 0)))
-        self.refresh()
+        self.refresh_changed()  # once a tick: only the lines whose text changed are painted again
 
     def set_columns(self, columns: list[Column], keep: int | None = None) -> None:
         """Lay the table out with other columns (a view that fits its columns to its width); rows must match them."""
@@ -308,38 +291,40 @@ class TextTable(PaintedOnce, can_focus=True):
 
     # ------------------------------------------------------------ rendering
 
-    def _header(self) -> Strip:
+    def _header(self) -> Runs:
         header = self.get_component_rich_style("text-table--header")
         sorted_style = self.get_component_rich_style("text-table--sorted")
-        segments = []
+        runs: list[Run] = []
         for col, width in zip(self.columns, self.widths):
             if col.key == self.sort_key and width > 2:
                 # The arrow stays whole; a title too long for it is clipped before it.
                 arrow = " ▼" if self.sort_reverse else " ▲"
                 title = col.title if cell_len(col.title) + 2 <= width else fit(col.title, width - 2)
-                segments.append(Segment(fit(title + arrow, width, col.align), sorted_style))
+                runs.append((fit(title + arrow, width, col.align), sorted_style))
             else:
-                segments.append(Segment(fit(col.title, width, col.align), header))
-            segments.append(Segment(" ", header))
-        return Strip(segments)
+                runs.append((fit(col.title, width, col.align), header))
+            runs.append((" ", header))
+        return tuple(runs)
 
-    def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        width = self.size.width
+    def line_runs(self, y: int) -> Runs:
         base = self.paint_style
         if y == 0:
-            strip = self._header()
-        else:
-            index = y - 1 + scroll_y
-            if index >= len(self.rows):
-                return Strip.blank(width, base)
-            row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
-            segments = []
-            for col, cells, (text, style) in zip(self.columns, self.widths, self.cells(index)):
-                cell_style = base + style if style else base
-                if row_style is not None:
-                    cell_style = cell_style + row_style
-                segments.append(Segment(fit(text, cells, col.align, col.clip), cell_style))
-                segments.append(Segment(" ", base + row_style if row_style else base))
-            strip = Strip(segments)
-        return strip.crop_extend(scroll_x, scroll_x + width, base)
+            return self._header()
+        index = y - 1 + self.scroll_offset.y
+        if index >= len(self.rows):
+            return ((" " * self.size.width, base),)
+        row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
+        space = base + row_style if row_style else base
+        runs: list[Run] = []
+        for col, cells, (text, style) in zip(self.columns, self.widths, self.cells(index)):
+            cell_style = base + style if style else base
+            if row_style is not None:
+                cell_style = cell_style + row_style
+            runs.append((fit(text, cells, col.align, col.clip), cell_style))
+            runs.append((" ", space))
+        return tuple(runs)
+
+    def strip_of(self, runs: Runs, y: int) -> Strip:
+        scroll_x = self.scroll_offset.x
+        return Strip([Segment(text, style) for text, style in runs]).crop_extend(scroll_x, scroll_x + self.size.width,
+                                                                                 self.paint_style)
