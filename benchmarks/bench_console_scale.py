@@ -257,6 +257,9 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+RELAY_ENV: dict[str, str] = {}  # --relay-read-every: the relays' environment over the bench's
+
+
 def start_relays(count: int, agents: int, base_port: int, keys_dir: Path, logs: Path, timeout: float = 60) -> list[Relay]:
     """``count`` relays on loopback, each carrying a contiguous share of the agents, listening before this returns.
 
@@ -271,7 +274,8 @@ def start_relays(count: int, agents: int, base_port: int, keys_dir: Path, logs: 
         proc = subprocess.Popen(
             [sys.executable, "-m", "gridwatch", "relay", "--listen", f"127.0.0.1:{port}", "--nodes", nodes,
              "--name", f"relay{i + 1}", "--keys", str(keys_dir)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=(logs / f"relay{i + 1}.out").open("w"), preexec_fn=_as_other_machine,
+            cwd=ROOT, env={**os.environ, **RELAY_ENV}, stdin=subprocess.DEVNULL, stdout=(logs / f"relay{i + 1}.out").open("w"),
+            preexec_fn=_as_other_machine,
             stderr=(logs / f"relay{i + 1}.log").open("w"))
         relays.append(Relay(proc, f"127.0.0.1:{port}", nodes, last - first + 1, f"relay{i + 1}"))
     deadline = time.monotonic() + timeout
@@ -543,6 +547,11 @@ def main() -> int:
     ap.add_argument("--redraw-nodes", type=int, default=PROJECT_TO)
     ap.add_argument("--redraw-changed", type=float, default=1.0, metavar="SHARE",
                     help="share of the nodes sent a fresh summary between two redraws (default 1: every node)")
+    ap.add_argument("--read-every", type=float, default=None, metavar="S",
+                    help="how often the consoles (and the relays) read their links together (GRIDWATCH_READ_EVERY_S; "
+                         "default theirs: 25 ms, a relay 0.1 s; 0: each socket as it becomes readable, as before)")
+    ap.add_argument("--relay-read-every", type=float, default=None, metavar="S",
+                    help="the same for the relays alone (default theirs, 0.1 s)")
     ap.add_argument("--profile", action="store_true",
                     help="sample the consoles and relays with py-spy over the window and print a table by stage")
     ap.add_argument("--skip-ssh", action="store_true", help="part 2 only")
@@ -556,9 +565,16 @@ def main() -> int:
     args = ap.parse_args()
     OTHERS_NICE[0] = args.others_nice
     if args.serve_console:
-        asyncio.run(serve_console(args.serve_console, args.spec, args.key, args.known_hosts, args.db, args.summary_every,
-                                  args.relays_spec))
+        from gridwatch.sshlink.coalesce import run_coalesced
+
+        # As `gridwatch console` runs: its links read together every few ms (GRIDWATCH_READ_EVERY_S, --read-every).
+        run_coalesced(serve_console(args.serve_console, args.spec, args.key, args.known_hosts, args.db, args.summary_every,
+                                    args.relays_spec))
         return 0
+    if args.read_every is not None:
+        os.environ["GRIDWATCH_READ_EVERY_S"] = str(args.read_every)  # the consoles (and the relays unless told)
+    if args.relay_read_every is not None:
+        RELAY_ENV["GRIDWATCH_READ_EVERY_S"] = str(args.relay_read_every)
     unknown = sorted(set(args.modes.split(",")) - set(MODES))
     problem = (f"--modes takes {', '.join(MODES)} (not {', '.join(unknown)})" if unknown else
                f"--relays must be between 1 and the number of agents ({args.agents})" if not 1 <= args.relays <= args.agents

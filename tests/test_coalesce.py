@@ -1,0 +1,98 @@
+"""The loop that reads many links together: sockets that become readable close together are read in one pass,
+timers are never late for it, a busy loop never naps, and a bad setting is refused in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import socket
+import threading
+import time
+
+import pytest
+
+from gridwatch.sshlink.coalesce import CoalescingSelector, read_every, run_coalesced
+
+
+class FakeTime:
+    """A clock that only the naps move."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.naps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def nap(self, seconds: float) -> None:
+        self.naps.append(round(seconds, 6))
+        self.now += seconds
+
+
+def test_a_wait_naps_until_the_period_has_passed_since_the_last_wake_and_never_past_a_timer() -> None:
+    t = FakeTime()
+    sel = CoalescingSelector(0.025, clock=t.clock, nap=t.nap)
+    reader, writer = socket.socketpair()
+    writer.send(b"x")  # always readable: the selector never really waits, only the fake naps count
+    sel.register(reader, selectors.EVENT_READ)
+    try:
+        assert len(sel.select(None)) == 1  # woke just now: naps the whole period before looking
+        t.now += 0.010  # 10 ms of work after the wake
+        sel.select(None)
+        sel.select(0.005)  # a timer due in 5 ms: the nap ends there
+        t.now += 0.030  # a loop busy for longer than the period
+        sel.select(None)
+        sel.select(0)  # callbacks ready: it only looks
+        assert t.naps == [0.025, 0.015, 0.005]
+    finally:
+        sel.close()
+        reader.close()
+        writer.close()
+
+
+def test_sockets_readable_within_the_period_are_read_in_one_pass() -> None:
+    pairs = [socket.socketpair() for _ in range(3)]
+    passes: list[list[int]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seen: list[int] = []
+        done = asyncio.Event()
+        for i, (reader, _) in enumerate(pairs):
+            reader.setblocking(False)
+
+            def readable(i: int = i, reader: socket.socket = pairs[i][0]) -> None:
+                reader.recv(64)
+                seen.append(i)
+                loop.call_soon(lambda: passes.append(list(seen)))  # runs after this pass's readers
+                if len(seen) == len(pairs):
+                    done.set()
+
+            loop.add_reader(reader.fileno(), readable)
+        def agents() -> None:
+            for _, writer in pairs:  # one after another, 10 ms apart, as agents' lines come
+                writer.send(b"x")
+                time.sleep(0.01)
+
+        await asyncio.sleep(0)  # the loop wakes here; its next look is half a second after
+        loop.call_later(5, done.set)  # a bound on the wait: the assertion below says what went wrong
+        threading.Thread(target=agents, daemon=True).start()
+        await done.wait()
+
+    try:
+        run_coalesced(main(), 0.5)
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+    assert passes[0] == [0, 1, 2]  # all three handled before anything else ran
+
+
+def test_the_setting_is_read_from_the_environment_and_a_bad_one_is_refused_in_one_line() -> None:
+    assert read_every(environ={}) == 0.025 and read_every(0.1, environ={}) == 0.1  # the console's, a relay's
+    assert read_every(0.1, environ={"GRIDWATCH_READ_EVERY_S": "0"}) == 0.0
+    assert read_every(environ={"GRIDWATCH_READ_EVERY_S": " 0.05 "}) == 0.05
+    for bad in ("fast", "-1", "nan", "2"):
+        with pytest.raises(ValueError, match=r"^GRIDWATCH_READ_EVERY_S: expected seconds from 0 to 0.25, got") as err:
+            read_every(environ={"GRIDWATCH_READ_EVERY_S": bad})
+        assert "\n" not in str(err.value)
