@@ -39,6 +39,9 @@ class MemoryIncidents:
         order = sorted(self.rows.values(), key=lambda r: (r.state == "resolved", -r.detected_at))
         return order[:limit]
 
+    def open_count(self) -> int:
+        return sum(1 for row in self.incidents() if row.state == "open" and row.phase in ("open", "acting"))
+
     def detail(self, incident_id: str) -> IncidentRow | None:
         return self.rows.get(incident_id)
 

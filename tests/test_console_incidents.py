@@ -83,3 +83,26 @@ def test_the_executor_probe_reads_heartbeat_isolation_and_checkpoints_from_the_s
     assert probe.holds("isolated", "n1") and probe.holds("checkpoint", "n1")
     clock.advance(10)
     assert not probe.holds("heartbeat", "n1")
+
+
+def test_the_open_count_is_one_query_that_agrees_with_the_incidents_listed_one_by_one() -> None:
+    from gridwatch.playbooks.plans import Incident
+
+    clock = ManualClock(T0)
+    store = IncidentStore(":memory:", clock)
+
+    def incident(name: str, **extra: float) -> None:
+        store.upsert_incident(Incident(id=name, playbook="", kind="xid", severity="critical", scope="node", node="n1",
+                                       summary=name, opened_at=T0, last_seen_at=T0, **extra))
+
+    for name in ("open", "acting", "recovered", "acknowledged", "silenced", "silence-ran-out", "resolved"):
+        incident(name)
+    store.mark_acted("acting", T0 + 1)
+    store.mark_recovered("recovered", T0 + 2)
+    store.acknowledge("acknowledged", "op", "seen")
+    store.silence("silenced", "op", T0 + 600, "known")
+    store.silence("silence-ran-out", "op", T0 + 5, "known")
+    store.resolve("resolved", "op", "fixed")
+    clock.set(T0 + 10)
+    one_by_one = sum(1 for r in StoreIncidents(store).incidents() if r.state == "open" and r.phase in ("open", "acting"))
+    assert store.open_count() == one_by_one == 3  # open, acting, and the silence that ran out

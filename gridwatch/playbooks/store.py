@@ -305,6 +305,15 @@ class IncidentStore(HistoryTable):
         wanted = set(states) if states is not None else None
         return [r for r in records if wanted is None or r.state in wanted]
 
+    def open_count(self) -> int:
+        """How many incidents need the operator (open, a silence that ran out included; not yet recovered): one
+        COUNT, not a row built per incident, since the status line asks it every redraw and the table grows for weeks."""
+        row = self._read.execute(
+            "SELECT COUNT(*) FROM incidents WHERE recovered_at IS NULL"
+            " AND (state = 'open' OR (state = 'silenced' AND COALESCE(silenced_until, 0) <= ?))",
+            (self.clock.now(),)).fetchone()
+        return int(row[0])
+
     def incidents_since(self, since: float) -> list[IncidentRecord]:
         """Every incident detected at or after ``since``, oldest first (what a restarted engine remembers)."""
         rows = self._read.execute(

@@ -61,6 +61,10 @@ class IncidentBackend(Protocol):
 
     def incidents(self, limit: int = 200) -> list[IncidentRow]: ...
 
+    def open_count(self) -> int:
+        """How many incidents need the operator: open (or a silence that ran out), neither recovered nor resolved."""
+        ...
+
     def detail(self, incident_id: str) -> IncidentRow | None:
         """One incident with its plan and audit trail filled in (the list leaves them empty)."""
         ...
@@ -95,6 +99,9 @@ class StoreIncidents:
         # Open first, then newest: what needs the operator is on top.
         order = {"open": 0, "acknowledged": 1, "silenced": 2, "resolved": 3}
         return sorted(rows, key=lambda r: (order.get(r.state, 0), -r.detected_at))
+
+    def open_count(self) -> int:
+        return int(self.store.open_count())
 
     def detail(self, incident_id: str) -> IncidentRow | None:
         rec = self.store.incident(incident_id)

@@ -122,7 +122,7 @@ class GridwatchApp(App[None]):
         if backend is None:
             return 0
         # Open as the operator means it: not acknowledged or silenced, and not recovered or resolved yet.
-        return sum(1 for row in backend.incidents() if row.state == "open" and row.phase in ("open", "acting"))
+        return backend.open_count()
 
     # ------------------------------------------------------------- navigation
 
