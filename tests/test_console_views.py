@@ -171,3 +171,10 @@ async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_
         assert after[row][util:util + 6].strip() == "7"  # UTIL % reads the new value
         assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [row]
         assert sorted(painted) == sorted([f"TextTable:{row}", f"GpuHeatmap:{heatmap.line_of('node03')}"])
+        # No new reading, but the node is late now: its cells say so (a node's cells are kept only while unchanged).
+        cells = heatmap.line_of("node03")
+        assert "~" not in on_screen(heatmap)[cells]
+        store.clock.advance(60)
+        app.tick()
+        await pilot.pause()
+        assert on_screen(heatmap)[cells].lstrip().startswith("node03 ~▒")

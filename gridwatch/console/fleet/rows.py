@@ -143,6 +143,17 @@ class HeatmapNode:
         """The node's worst GPU: its one cell when the heatmap is zoomed out."""
         return self._node.worst(self._metric)
 
+    @property
+    def stamp(self) -> tuple:
+        """What its cells are made of: equal stamps, equal cells (a view keeps a node's cells until this changes).
+
+        The reading itself, not a copy: a new frame is a new object, and an unchanged node compares by identity.
+        """
+        node = self._node
+        xids = sum(node.xids.values()) if node.xids else 0  # the health colours count them
+        return (node.reading, self.status, self.isolated, self.mismatch, self.checks_failing, self.gpus,
+                self._metric, xids)
+
 
 _T = TypeVar("_T")
 

@@ -149,6 +149,10 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
         self._runs_for: tuple[int, str, str, int] | None = None
         self._run_labels: dict[int, str] = {}
+        # Node name -> (its stamp, highlighted, the view's look, its block's runs): made again when any changed.
+        self._node_runs: dict[str, tuple[tuple, bool, tuple, Runs]] = {}
+        self._node_cell: dict[str, tuple[tuple, bool, tuple, tuple[str, Style]]] = {}  # zoomed out: a node's cell
+        self._styles: dict[tuple[Style, Style, Style | None], Style] = {}  # base + a cell's style (+ highlight), once
         self._counted = -1  # how many nodes the cells per node were counted over
         self._uncounted = True  # some node had not said how many GPUs it has when they were counted
 
@@ -288,48 +292,62 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             style = label_style + hi if name == self.highlight else label_style
             segments.append((fit(name, self._label_width - 1), style))
             segments.append((" ", base))
-        # Cells of one style in a row become one run: fewer objects per line to compare and compose.
+        # A node's cells are made again only when what they show changed (a new reading, a new state): at a
+        # redraw a second and summaries every few, most nodes on screen have no news.
+        view = (base, hi, self.health, self._cells_per_node, self._block)
+        cache = self._node_runs
+        for node in chunk:
+            lit = node.name == self.highlight
+            stamp = node.stamp
+            kept = cache.get(node.name)
+            if kept is not None and kept[0] == stamp and kept[1] == lit and kept[2] == view:
+                segments.extend(kept[3])
+                continue
+            runs = self._cells_of(node, base, hi if lit else None)
+            cache[node.name] = (stamp, lit, view, runs)
+            segments.extend(runs)
+        return tuple(segments)
+
+    def _cells_of(self, node: HeatmapNode, base: Style, extra: Style | None) -> Runs:
+        """One node's block: its mark, a cell per GPU, the padding; cells of one style in a row as one run."""
+        runs: list[Run] = []
         run: list[str] = []
         run_style: Style = base
+        styles = self._styles
 
         def put(glyph: str, style: Style) -> None:
             nonlocal run_style
             if style is not run_style and run:
-                segments.append(("".join(run), run_style))
+                runs.append(("".join(run), run_style))
                 run.clear()
             run_style = style
             run.append(glyph)
 
-        styles: dict[int, Style] = {}
-
         def combined(style: Style, extra: Style | None) -> Style:
-            key = id(style) if extra is None else -id(style)
+            key = (base, style, extra)
             found = styles.get(key)
             if found is None:
                 found = styles[key] = base + style + extra if extra else base + style
             return found
 
-        pad = self._block - 1 - self._cells_per_node
-        for node in chunk:
-            mark, mark_style = node_mark(node)
-            put(mark, combined(mark_style, None) if mark_style else base)
-            down = node.status in (NodeStatus.DOWN, NodeStatus.REFUSED)
-            stale = node.status is NodeStatus.STALE
-            extra = hi if node.name == self.highlight else None
-            values = node.values
-            for i in range(self._cells_per_node):
-                value = values[i] if i < len(values) else None
-                if value is None:
-                    glyph, style = ("·" if down else "?"), (_DOWN if down else _NA)
-                else:
-                    # A stale node keeps its last colours, shaded so it reads as old.
-                    glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value, self.health))
-                put(glyph, combined(style, extra))
-            for _ in range(pad):
-                put(" ", base)
+        mark, mark_style = node_mark(node)
+        put(mark, combined(mark_style, None) if mark_style else base)
+        down = node.status in (NodeStatus.DOWN, NodeStatus.REFUSED)
+        stale = node.status is NodeStatus.STALE
+        values = node.values
+        for i in range(self._cells_per_node):
+            value = values[i] if i < len(values) else None
+            if value is None:
+                glyph, style = ("·" if down else "?"), (_DOWN if down else _NA)
+            else:
+                # A stale node keeps its last colours, shaded so it reads as old.
+                glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value, self.health))
+            put(glyph, combined(style, extra))
+        for _ in range(self._block - 1 - self._cells_per_node):
+            put(" ", base)
         if run:
-            segments.append(("".join(run), run_style))
-        return tuple(segments)
+            runs.append(("".join(run), run_style))
+        return tuple(runs)
 
     def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, base: Style) -> Runs:
         """The names above a line of blocks, each over its own cells (the mark column left blank)."""
@@ -354,16 +372,25 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         segments: list[Run] = [(label, label_style), (" ", base)]
         run: list[str] = []
         run_style: Style = base
+        view = (base, hi, self.health)
+        cache = self._node_cell
         for i in range(start, stop):
             node = self.nodes[i]
-            if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
-                glyph, style = _MARKS[node.status]
-            elif node.checks_failing:
-                glyph, style = _CHECKS
+            lit = node.name == self.highlight
+            stamp = node.stamp
+            kept = cache.get(node.name)
+            if kept is not None and kept[0] == stamp and kept[1] == lit and kept[2] == view:
+                glyph, style = kept[3]
             else:
-                value = node.worst
-                glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
-            style = base + style + hi if node.name == self.highlight else base + style
+                if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
+                    glyph, style = _MARKS[node.status]
+                elif node.checks_failing:
+                    glyph, style = _CHECKS
+                else:
+                    value = node.worst
+                    glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
+                style = base + style + hi if lit else base + style
+                cache[node.name] = (stamp, lit, view, (glyph, style))
             if style != run_style and run:
                 segments.append(("".join(run), run_style))
                 run.clear()
