@@ -8,11 +8,14 @@ asks for (aes128-gcm). Another process connects to all of them and counts lines,
 before) or ``callback`` (:class:`gridwatch.sshlink.stream.LineStream`: lines split and handed over in the
 channel's own callback, the console's link now). The servers send the ignore before each packet
 (``ignores``: asyncssh as it is) or not (``quiet``: :func:`gridwatch.sshlink.policy.quiet_ignores`, the
-agent's and the relay's SSH face now). Each of the four is measured ``--runs`` times, interleaved: the
-receiver's CPU over the window divided by the lines it received. Nothing else of gridwatch runs: this is the
+agent's and the relay's SSH face now). With ``--read-every 0.025,0.1`` the callback reader runs once more
+per period on the loop that reads its sockets together at most that often (gridwatch.sshlink.coalesce: the
+console's 25 ms, a relay's 0.1 s), against the quiet sender. Each is measured ``--runs`` times, interleaved:
+the receiver's CPU over the window divided by the lines it received. Nothing else of gridwatch runs: this is the
 transport's own cost, the floor under a console's per-message figure.
 
     .venv/bin/python benchmarks/bench_ssh_message.py [--links 500] [--every 1] [--seconds 15] [--runs 2]
+        [--read-every 0.025,0.1]
 """
 
 from __future__ import annotations
@@ -102,7 +105,12 @@ def receive(links: int, seconds: float, how: str) -> None:
         print(f"{n} {cpu}", flush=True)
         os._exit(0)
 
-    asyncio.run(main())
+    if how.startswith("callback@"):
+        from gridwatch.sshlink.coalesce import run_coalesced
+
+        run_coalesced(main(), float(how.split("@")[1]))
+    else:
+        asyncio.run(main())
 
 
 def main() -> int:
@@ -112,6 +120,8 @@ def main() -> int:
     ap.add_argument("--bytes", type=int, default=760, help="a line's size (a summary is about 760)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--read-every", default="", metavar="S,S",
+                    help="periods (s) to read the sockets together at, each a callback reader of its own")
     ap.add_argument("--role", choices=("serve", "receive"), help=argparse.SUPPRESS)
     ap.add_argument("--how", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -131,7 +141,8 @@ def main() -> int:
             server = subprocess.Popen([*me, "--role", "serve", "--how", sender], stdout=subprocess.PIPE, text=True)
             try:
                 assert server.stdout is not None and server.stdout.readline().strip() == "up"
-                for how in ("stream", "callback"):
+                periods = [f"callback@{float(x):g}" for x in args.read_every.split(",") if x.strip()]
+                for how in ("stream", "callback", *(periods if sender == "quiet" else ())):
                     out = subprocess.run([*me, "--role", "receive", "--how", how], capture_output=True, text=True,
                                          timeout=args.seconds + 120, check=True).stdout.split()
                     lines, cpu = int(out[0]), float(out[1])
