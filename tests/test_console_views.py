@@ -178,3 +178,25 @@ async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_
         app.tick()
         await pilot.pause()
         assert on_screen(heatmap)[cells].lstrip().startswith("node03 ~▒")
+
+
+async def test_a_cursor_moved_between_a_redraw_and_its_paint_is_drawn_where_it_went() -> None:
+    # A redraw works out the lines that changed; a key that moves the cursor before they are painted must not
+    # leave the cursor drawn on the row it left (a log view following new lines does this at every tick).
+    from textual.geometry import Region
+
+    app = make_app()
+    store = app.runtime.store
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        table = app.screen.query_one("#node-table", TextTable)
+        assert table.move_to("node03")
+        await pilot.pause()
+        store.apply(make_sample("node03", 51, util=9.0))  # news on the cursor's row
+        app.tick()
+        table.cursor += 1  # then the cursor moves on, before the paint
+        await pilot.pause()
+        cursor = table.get_component_rich_style("text-table--cursor").bgcolor
+        lines = table.render_lines(Region(0, 0, table.size.width, table.size.height))
+        marked = [strip.text.split()[0] for strip in lines if any(s.style and s.style.bgcolor == cursor for s in strip)]
+        assert marked == ["node04"]

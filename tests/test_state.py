@@ -47,6 +47,16 @@ def test_a_node_without_frames_for_three_intervals_is_stale_and_keeps_its_values
     assert store.summary().connected == 1
 
 
+def test_the_age_order_puts_late_nodes_first_and_keeps_on_time_ones_by_name(store, clock) -> None:
+    fill_fleet(store, ["node01", "node02", "node03", "node04"])  # a sample a second each (interval 1 s)
+    clock.advance(5.0)
+    for seq, name in enumerate(("node01", "node04", "node02")):  # heard 0.9, 0.6 and 0.3 s ago: all on time
+        store.apply(make_sample(name, 20 + seq))
+        clock.advance(0.3)
+    rows = [r.name for r in store.node_rows("age")]
+    assert rows == ["node01", "node02", "node04", "node03"]  # on time by name (not by arrival), the late one last
+
+
 def test_a_down_link_shows_its_error(store) -> None:
     fill_fleet(store, ["node01"])
     store.set_link("node01", "down", error="connection reset by peer")

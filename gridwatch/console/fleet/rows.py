@@ -63,6 +63,21 @@ VALUE_ORDER_EVERY_S = 2.0
 FILTER_EVERY_S = 1.0  # likewise a filter's matches, made again at once when the filter text changes
 
 
+# A node heard within this many of its intervals is on time (jitter included; stale is three).
+ON_TIME_INTERVALS = 1.5
+
+
+def seen_age(age_s: float | None, every_s: float) -> float | None:
+    """How late a node is, as SEEN shows and sorts it: 0.0 while heard within its cadence, else its age.
+
+    On-time nodes read alike and keep their order by name in the age sort, rather than reshuffle
+    with each frame's arrival.
+    """
+    if age_s is not None and age_s < ON_TIME_INTERVALS * every_s:
+        return 0.0
+    return age_s
+
+
 def status_key(order: int, marked: bool, name: str) -> tuple:
     # Problems first: a down node outranks a healthy isolated one.
     return (0, order, not marked, name)
@@ -79,6 +94,8 @@ def sort_value(row: NodeRow, key: str) -> tuple:
     if key == "status":
         marked = row.isolated or row.mismatch or bool(row.gpu_bad) or row.patrol_failing or row.preflight_failed
         return status_key(STATUS_ORDER[row.status], marked, row.name)
+    if key == "age":
+        return value_key(seen_age(row.age_s, row.every_s), row.name)
     return value_key(getattr(row, SORT_FIELDS[key]), row.name)
 
 

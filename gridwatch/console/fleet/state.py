@@ -38,6 +38,7 @@ from gridwatch.console.fleet.rows import (
     NodeRow,
     Order,
     TrainingSummary,
+    seen_age,
     sort_value,
     status_key,
     value_key,
@@ -525,7 +526,7 @@ class StateStore:
         def value(node: NodeState) -> float | None:
             if sort == "age":
                 last = node.last_frame_at
-                return None if last is None else max(now - last, 0.0)
+                return None if last is None else seen_age(max(now - last, 0.0), node.interval)
             agg = node.agg
             return None if agg is None else getattr(agg, field_name)
 

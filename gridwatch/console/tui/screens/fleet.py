@@ -13,7 +13,7 @@ from textual.widgets import Input, Static
 from gridwatch.console.fleet.metrics import Metric
 from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.prometheus import Panel
-from gridwatch.console.fleet.rows import SORT_KEYS, VALUE_ORDER_EVERY_S, NodeRow
+from gridwatch.console.fleet.rows import ON_TIME_INTERVALS, SORT_KEYS, VALUE_ORDER_EVERY_S, NodeRow, seen_age
 from gridwatch.console.tui.screens.base import ViewScreen
 from gridwatch.console.tui.screens.node import HOT_C
 from gridwatch.console.tui.widgets import Column, GpuHeatmap, PlainStatic, TextTable, format_age, format_rate
@@ -53,19 +53,15 @@ _WARN = Style(color="yellow")
 _HOT = Style(color="yellow", bold=True)  # hot is a warning; red is for what is broken
 
 
-# A node heard within this many of its intervals is on time (jitter included; stale is three).
-ON_TIME_INTERVALS = 1.5
-
-
 def seen_text(age_s: float | None, every_s: float) -> str:
-    """The SEEN cell: ``<3.0s`` for a node heard within its cadence, else how long ago it was heard.
+    """The SEEN cell: ``<1.5s`` for a node heard within its cadence (``<3.0s`` at summaries every 2 s), else how
+    long ago it was heard.
 
     An age ticking over every second on each of a thousand rows is noise to read, and it makes every
     row new on every redraw (the table repaints only the rows that changed); a late node shows its age.
     """
-    on_time = ON_TIME_INTERVALS * every_s
-    if age_s is not None and age_s < on_time:
-        return "<" + format_age(on_time)
+    if seen_age(age_s, every_s) == 0.0:
+        return "<" + format_age(ON_TIME_INTERVALS * every_s)
     return format_age(age_s)
 
 

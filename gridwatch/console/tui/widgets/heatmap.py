@@ -174,6 +174,11 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         else:
             self._names = [n.name for n in nodes]
             self._cells_per_node = max((n.gpus for n in nodes), default=8) or 1
+        if len(self._node_runs) > len(self._names) or len(self._node_cell) > len(self._names):
+            # Nodes went (or were renamed): their cells go too, with the readings they hold.
+            shown = set(self._names)
+            self._node_runs = {k: v for k, v in self._node_runs.items() if k in shown}
+            self._node_cell = {k: v for k, v in self._node_cell.items() if k in shown}
         self._layout()
         self.refresh_changed()  # once a tick: only the lines whose cells changed are painted again
 

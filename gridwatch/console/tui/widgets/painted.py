@@ -9,6 +9,8 @@ differ, so an unchanged line costs a comparison and Textual keeps its composed c
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.geometry import Region
@@ -30,13 +32,20 @@ class PaintedOnce(ScrollView):
     _paint_style: Style | None = None  # rich_style during one paint
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(name=name, id=id, classes=classes)
         # Visible line -> the runs drawn there, for the view (scroll, size) they were drawn in.
         self._drawn: dict[int, Runs] = {}
         self._drawn_in: tuple | None = None
-        # The runs a tick found changed, made once for the paint that follows (same view only).
+        # The runs a tick found changed, made once for the paint that follows (same view, and no other repaint
+        # asked for since: a cursor or a highlight moved after the tick reads every line afresh).
         self._fresh: dict[int, Runs] = {}
         self._fresh_in: tuple | None = None
+        self._marking = False  # refresh_changed's own call to refresh
+        super().__init__(name=name, id=id, classes=classes)
+
+    def refresh(self, *regions: Region, **kwargs: Any) -> Any:
+        if not self._marking:
+            self._fresh.clear()  # what changed since the tick (a cursor moved) is not in the runs it kept
+        return super().refresh(*regions, **kwargs)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._paint_style = self.rich_style
@@ -92,7 +101,11 @@ class PaintedOnce(ScrollView):
             self._paint_style = None
         self._fresh, self._fresh_in = fresh, view
         if fresh:
-            self.refresh(*_line_regions(sorted(fresh), self.size.width))
+            self._marking = True
+            try:
+                self.refresh(*_line_regions(sorted(fresh), self.size.width))
+            finally:
+                self._marking = False
 
 
 def _line_regions(lines: list[int], width: int) -> list[Region]:
