@@ -132,9 +132,14 @@ async def test_the_incidents_view_says_each_incident_s_phase() -> None:
         assert "2 open incidents" in screen_text(app)  # the fixture's and inc-act: recovered or acknowledged ones are not
 
 
-async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_new_values() -> None:
+def on_screen(widget) -> list[str]:  # noqa: ANN001 - a line-drawn widget
+    """What the widget's lines hold now, from Textual's copy where it kept one (what the terminal shows)."""
     from textual.geometry import Region
 
+    return [strip.text for strip in widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))]
+
+
+async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_new_values() -> None:
     from gridwatch.console.tui.widgets import GpuHeatmap
 
     app = make_app()
@@ -145,10 +150,6 @@ async def test_a_redraw_paints_again_only_the_rows_that_changed_and_shows_their_
         heatmap = app.screen.query_one(GpuHeatmap)
         app.tick()
         await pilot.pause()
-
-        def on_screen(widget) -> list[str]:  # noqa: ANN001 - what the widget's lines hold now, cached or not
-            return [strip.text for strip in widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))]
-
         painted: list[str] = []
         for widget in (table, heatmap):
             draw = widget.strip_of

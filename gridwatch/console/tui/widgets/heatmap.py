@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from rich.cells import cell_len
 from rich.color import Color
@@ -44,7 +45,20 @@ _MISMATCH = ("!", Style(color="magenta", bold=True))
 _CHECKS = ("P", Style(color="red", bold=True, reverse=True))
 LEGEND = "marks: × down  ~ stale  P patrol/pre-flight failing\n       i isolated  ! stack differs  ? N/A"
 ZOOM_LABEL = 18  # the group's name before its cells when zoomed out
+_T = TypeVar("_T")
 _RACK = re.compile(r"^(.+?)[-._][^-._]*$")  # rack12-node07 -> rack12
+
+
+def _kept(cache: dict[str, tuple[tuple, Any]], node: HeatmapNode, look: tuple,
+          make: Callable[[HeatmapNode, Style, Style | None], _T], base: Style, extra: Style | None) -> _T:
+    """What ``make(node, base, extra)`` made last time, while the node's stamp and ``look`` are unchanged; else anew."""
+    key = (node.stamp, look)
+    kept = cache.get(node.name)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    made = make(node, base, extra)
+    cache[node.name] = (key, made)
+    return made
 
 
 def cell_style(value: float, health: bool = False) -> Style:
@@ -149,9 +163,9 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         self._runs: list[tuple[int, int]] = []  # zoomed out: the nodes of each line
         self._runs_for: tuple[int, str, str, int] | None = None
         self._run_labels: dict[int, str] = {}
-        # Node name -> (its stamp, highlighted, the view's look, its block's runs): made again when any changed.
-        self._node_runs: dict[str, tuple[tuple, bool, tuple, Runs]] = {}
-        self._node_cell: dict[str, tuple[tuple, bool, tuple, tuple[str, Style]]] = {}  # zoomed out: a node's cell
+        # Node name -> (its stamp, highlighted and the view's look; its block's runs, or zoomed out its one cell).
+        self._node_runs: dict[str, tuple[tuple, Any]] = {}
+        self._node_cell: dict[str, tuple[tuple, Any]] = {}
         self._styles: dict[tuple[Style, Style, Style | None], Style] = {}  # base + a cell's style (+ highlight), once
         self._counted = -1  # how many nodes the cells per node were counted over
         self._uncounted = True  # some node had not said how many GPUs it has when they were counted
@@ -300,17 +314,9 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         # A node's cells are made again only when what they show changed (a new reading, a new state): at a
         # redraw a second and summaries every few, most nodes on screen have no news.
         view = (base, hi, self.health, self._cells_per_node, self._block)
-        cache = self._node_runs
         for node in chunk:
             lit = node.name == self.highlight
-            stamp = node.stamp
-            kept = cache.get(node.name)
-            if kept is not None and kept[0] == stamp and kept[1] == lit and kept[2] == view:
-                segments.extend(kept[3])
-                continue
-            runs = self._cells_of(node, base, hi if lit else None)
-            cache[node.name] = (stamp, lit, view, runs)
-            segments.extend(runs)
+            segments.extend(_kept(self._node_runs, node, (lit, view), self._cells_of, base, hi if lit else None))
         return tuple(segments)
 
     def _cells_of(self, node: HeatmapNode, base: Style, extra: Style | None) -> Runs:
@@ -364,6 +370,17 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             segments.append((text, hi_style if node.name == self.highlight else style))
         return tuple(segments)
 
+    def _zoomed_cell(self, node: HeatmapNode, base: Style, extra: Style | None) -> tuple[str, Style]:
+        """A node's one cell zoomed out: its mark when down, stale or failing checks, else its worst GPU's colour."""
+        if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
+            glyph, style = _MARKS[node.status]
+        elif node.checks_failing:
+            glyph, style = _CHECKS
+        else:
+            value = node.worst
+            glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
+        return glyph, (base + style + extra if extra else base + style)
+
     def _zoomed_line(self, line: int, width: int, base: Style) -> Runs:
         """A rack's nodes, one cell each coloured by its worst GPU, after the rack's name (hostlist form)."""
         if not 0 <= line < len(self._runs):
@@ -378,24 +395,10 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         run: list[str] = []
         run_style: Style = base
         view = (base, hi, self.health)
-        cache = self._node_cell
         for i in range(start, stop):
             node = self.nodes[i]
             lit = node.name == self.highlight
-            stamp = node.stamp
-            kept = cache.get(node.name)
-            if kept is not None and kept[0] == stamp and kept[1] == lit and kept[2] == view:
-                glyph, style = kept[3]
-            else:
-                if node.status in _MARKS:  # a down or stale node shows its mark, not an old colour
-                    glyph, style = _MARKS[node.status]
-                elif node.checks_failing:
-                    glyph, style = _CHECKS
-                else:
-                    value = node.worst
-                    glyph, style = ("?", _NA) if value is None else ("█", cell_style(value, self.health))
-                style = base + style + hi if lit else base + style
-                cache[node.name] = (stamp, lit, view, (glyph, style))
+            glyph, style = _kept(self._node_cell, node, (lit, view), self._zoomed_cell, base, hi if lit else None)
             if style != run_style and run:
                 segments.append(("".join(run), run_style))
                 run.clear()

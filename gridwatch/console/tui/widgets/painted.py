@@ -9,6 +9,8 @@ differ, so an unchanged line costs a comparison and Textual keeps its composed c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.segment import Segment
@@ -47,12 +49,25 @@ class PaintedOnce(ScrollView):
             self._fresh.clear()  # what changed since the tick (a cursor moved) is not in the runs it kept
         return super().refresh(*regions, **kwargs)
 
-    def render_lines(self, crop: Region) -> list[Strip]:
+    @contextmanager
+    def _styled(self) -> Iterator[None]:
+        """The widget's style read once for every line made inside (it walks the ancestors)."""
         self._paint_style = self.rich_style
         try:
-            return super().render_lines(crop)
+            yield
         finally:
             self._paint_style = None
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Where lines are placed, read once a paint: another place draws every line afresh.
+        view = self._view()
+        if view != self._drawn_in:
+            self._drawn.clear()
+            self._drawn_in = view
+        if view != self._fresh_in:
+            self._fresh.clear()
+        with self._styled():
+            return super().render_lines(crop)
 
     @property
     def paint_style(self) -> Style:
@@ -72,13 +87,9 @@ class PaintedOnce(ScrollView):
         return (self.scroll_offset, self.size, self.virtual_size)
 
     def render_line(self, y: int) -> Strip:
-        view = self._view()
-        runs = self._fresh.pop(y, None) if self._fresh_in == view else None
+        runs = self._fresh.pop(y, None)
         if runs is None:
             runs = self.line_runs(y)
-        if view != self._drawn_in:
-            self._drawn.clear()
-            self._drawn_in = view
         self._drawn[y] = runs
         return self.strip_of(runs, y)
 
@@ -91,14 +102,11 @@ class PaintedOnce(ScrollView):
             return
         drawn = self._drawn
         fresh: dict[int, Runs] = {}
-        self._paint_style = self.rich_style  # read once for every line, as a paint does
-        try:
+        with self._styled():
             for y in range(self.size.height):
                 runs = self.line_runs(y)
                 if runs != drawn.get(y):
                     fresh[y] = runs
-        finally:
-            self._paint_style = None
         self._fresh, self._fresh_in = fresh, view
         if fresh:
             self._marking = True
