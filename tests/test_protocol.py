@@ -51,6 +51,21 @@ def test_node_text_loses_escape_sequences_and_control_characters():
     assert result.data == {"k": ["[5m"]}
 
 
+@pytest.mark.parametrize("state", ["\u001b[31m", "ok;rm", "OK", "", "x" * 33])
+def test_a_summary_whose_gpu_state_is_no_word_is_refused_and_says_why(state):
+    line = p.encode(p.Summary(node=p.Text("n1"), seq=2, gpus=[p.GpuBrief(0, 50), p.GpuBrief(1, 60, state=state)]))
+    with pytest.raises(p.FrameError) as info:
+        p.decode_agent_frame(line)
+    assert info.value.code == "bad_frame" and "\n" not in str(info.value) and "\x1b" not in str(info.value)
+    assert "invalid summary frame" in str(info.value)
+
+
+def test_a_gpu_state_word_no_console_knows_yet_still_decodes_every_time():
+    for _ in range(2):  # the second time from the words already seen
+        frame = p.decode_agent_frame(p.encode(p.Summary(node=p.Text("n1"), seq=2, gpus=[p.GpuBrief(0, 50, state="fell_off_bus")])))
+        assert isinstance(frame, p.Summary) and frame.gpus[0].state == "fell_off_bus"
+
+
 def test_long_text_is_clipped():
     frame = p.decode_agent_frame(p.encode(p.LogLine(source=p.Text("f"), line=p.Text("x" * 1_000_000))))
     assert len(frame.line) <= p.MAX_LINE_CHARS + 1

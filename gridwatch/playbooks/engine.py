@@ -68,7 +68,9 @@ class Engine(Matching, Planning):
         if isinstance(frame, Hello):
             node.boot_id = _ID_SAFE.sub("", str(frame.boot_id))[:8]
             self.history.saw_gpus(node.name, frame.gpus)
-        self._frame_ident = node.last_ident = self._identity(node, frame, now)
+        # The frame's own time (a frame without one, hand-made in a test, falls back to the clock).
+        node.last_frame = (frame.ts if frame.ts > 0 else now, frame.seq)
+        self._observing = node
         before = node.live_key
         try:
             plans = self._observe(node, frame, now)
@@ -76,22 +78,8 @@ class Engine(Matching, Planning):
                 plans += self._replan(node, now)
             return plans
         finally:
-            self._frame_ident = ""
+            self._observing = None
             self._touched(node, before)
-
-    @staticmethod
-    def _identity(node: NodeState, frame: Frame, now: float) -> str:
-        """What names a frame the same way on every console: its own time, plus boot id and seq when known.
-
-        Incident ids are built on it, never on the console's clock, so two
-        consoles (or one that stalled) name one fault alike and the agents'
-        idempotency keys hold across them. A frame without a time (hand-made
-        in a test) falls back to the clock.
-        """
-        ident = str(int(frame.ts if frame.ts > 0 else now))
-        if node.boot_id and frame.seq > 0:
-            ident += f".{node.boot_id}.{frame.seq}"
-        return ident
 
     def _observe(self, node: NodeState, frame: Frame, now: float) -> list[Plan]:
         plans: list[Plan] = []
@@ -127,7 +115,7 @@ class Engine(Matching, Planning):
             if frame.trainer is not None:
                 node.job = str(frame.trainer.job or node.job)
                 node.trainer_step = frame.trainer.step
-                node.checkpoint_steps = frozenset(frame.trainer.checkpoints.values())
+                node.checkpoints = frame.trainer.checkpoints
                 if isinstance(frame, Sample):
                     node.members = frozenset(str(m) for m in frame.trainer.membership)
             if isinstance(frame, Summary) and frame.members is not None:

@@ -10,7 +10,7 @@ supersede and close incidents and keep the indexes over them; the matching half
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -62,15 +62,35 @@ class NodeState:
     trainer_step: int | None = None
     scheduler_jobs: tuple[SchedulerJob, ...] = ()  # the Slurm or Kubernetes jobs its agent found on it
     trainer_attached: bool = False  # gridwatch's trainer (or its API) answers on the node: it leaves in place
-    checkpoint_steps: frozenset[int] = frozenset()  # from its last TrainerStatus.checkpoints (tier -> step)
+    checkpoints: Mapping[str, int] = field(default_factory=dict)  # its last TrainerStatus.checkpoints (tier -> step)
     members: frozenset[str] = frozenset()  # its trainer's job members, from its last TrainerStatus (empty: not said)
     boot_id: str = ""  # from its last hello: with a seq, names one frame of one agent run
-    last_ident: str = ""  # identity of the last frame it sent (what a lost heartbeat is named after)
+    # The last frame it sent, by its own time and seq: what a lost heartbeat is named after (last_ident).
+    last_frame: tuple[float, int] = (0.0, 0)
     hello_ident: str = ""  # identity of its last hello (what a stack mismatch is named after)
 
     @property
     def out(self) -> bool:
         return self.reported_isolated or self.removed
+
+    @property
+    def checkpoint_steps(self) -> frozenset[int]:
+        """The steps its checkpoints hold, any tier (read when a plan picks a step, not at every frame)."""
+        return frozenset(self.checkpoints.values())
+
+    @property
+    def last_ident(self) -> str:
+        """What names its last frame the same way on every console: its own time, plus boot id and seq when known.
+
+        Incident ids are built on it, never on the console's clock, so two consoles (or one that stalled) name
+        one fault alike and the agents' idempotency keys hold across them. Made when an incident needs it, not
+        at every frame.
+        """
+        ts, seq = self.last_frame
+        ident = str(int(ts))
+        if self.boot_id and seq > 0:
+            ident += f".{self.boot_id}.{seq}"
+        return ident if ts or seq else ""
 
     @property
     def live_key(self) -> tuple[bool, bool, bool, str, bool]:
@@ -132,7 +152,7 @@ class EngineCore:
         self._awake_since = float("-inf")
         self.ledger = GuardLedger()
         self._restarts: dict[str, tuple[float, str, set[str]]] = {}  # job -> (when, incident, nodes)
-        self._frame_ident = ""  # identity of the frame being observed, for the incidents it opens
+        self._observing: NodeState | None = None  # the node whose frame is being observed (see _frame_ident)
         # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
         self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
         self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
@@ -143,6 +163,12 @@ class EngineCore:
         # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
         self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
         self._heartbeat_cache: tuple[tuple[Playbook, ...], list[tuple[Playbook, ConditionTrigger]]] | None = None
+
+    @property
+    def _frame_ident(self) -> str:
+        """The identity of the frame being observed (NodeState.last_ident), for the incidents it opens; "" outside."""
+        node = self._observing
+        return node.last_ident if node is not None else ""
 
     def _touched(self, node: NodeState, before: tuple[bool, bool, bool, str, bool]) -> None:
         """``node``'s live_key was ``before``: the cached live lists (and job sizes) follow a change."""

@@ -28,6 +28,7 @@ from gridwatch.wire.frames import (
     Sample,
     SearchResult,
     Summary,
+    state_word_refused,
 )
 from gridwatch.wire.requests import Action, Search, Subscribe
 from gridwatch.wire.text import Text, clean_text, text_dec_hook, text_enc_hook
@@ -115,8 +116,13 @@ def _decode(line: bytes | str, decoder: msgspec.json.Decoder) -> Frame:
 def _decode_checked(line: bytes, decoder: msgspec.json.Decoder) -> Frame:
     try:
         frame: Frame = decoder.decode(line)
+        if isinstance(frame, Summary):  # the common frame: asked first
+            refused = state_word_refused(frame.gpus)
+            if refused is not None:
+                raise FrameError("bad_frame", f"invalid summary frame: GPU state {clean_text(refused, 40)!r} "
+                                              "is not a word of a-z and _")
         # Free-form payloads are not typed field by field, so they are cleaned here.
-        if isinstance(frame, ActionResult):
+        elif isinstance(frame, ActionResult):
             frame.data = clean_any(frame.data)
         elif isinstance(frame, Action):
             frame.args = clean_any(frame.args)

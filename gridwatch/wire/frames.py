@@ -121,7 +121,9 @@ class StreamMode(StrEnum):
     SUMMARY = "summary"
 
 
-GpuStateWord = Annotated[str, msgspec.Meta(pattern="^[a-z_]{1,32}$")]  # ok | lost | hung, and words to come
+# ok | lost | hung, and words to come: as long as a word may be here; that it is one word (a-z, _) is checked
+# once per frame by state_word_refused (a pattern in the decoder costs a regex call per GPU per frame).
+GpuStateWord = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 
 
 class GpuBrief(msgspec.Struct, array_like=True, gc=False):
@@ -155,6 +157,23 @@ def _state_word(state: str) -> str:
 
 
 _STATE_WORD = re.compile("[a-z_]{1,32}")
+# The GPU state words seen valid so far: each new one is matched once (bounded, so a node cannot grow it).
+_WORDS_SEEN: set[str] = {"ok", "lost", "hung", "unknown"}
+_WORDS_SEEN_MAX = 256
+
+
+def state_word_refused(gpus: list[GpuBrief]) -> str | None:
+    """The first GPU state in a summary that is not a word of ``a-z`` and ``_`` (a decoder refuses the frame); None."""
+    seen = _WORDS_SEEN
+    for gpu in gpus:
+        state = gpu.state
+        if state in seen:
+            continue
+        if not _STATE_WORD.fullmatch(state):
+            return state
+        if len(seen) < _WORDS_SEEN_MAX:
+            seen.add(state)
+    return None
 
 
 def gpu_brief(gpu: GpuSample) -> GpuBrief:

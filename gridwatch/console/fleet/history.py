@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import cast
 
 from gridwatch.wire.protocol import GpuBrief, GpuSample
 
@@ -30,10 +31,14 @@ class MetricRing:
         self.count = 0
         self.data = array("f", [NAN]) * (metrics * size)
 
-    def push(self, values: Iterable[float | None]) -> None:
+    def push(self, values: Sequence[float | None]) -> None:
         """One point of every metric, in column order; None (N/A) is kept as NaN."""
         base = self.head * self.metrics
-        row = array("f", [NAN if v is None else v for v in values])
+        row: array[float]
+        try:
+            row = array("f", cast("Sequence[float]", values))  # a full reading: the list as it is, in C
+        except TypeError:  # some value is N/A
+            row = array("f", [NAN if v is None else v for v in values])
         if len(row) != self.metrics:
             row.extend([NAN] * (self.metrics - len(row)))
             del row[self.metrics:]
@@ -100,6 +105,17 @@ class NodeHistory:
         width = n if not n or gpus[-1].index == n - 1 else max(g.index for g in gpus) + 1
         history = self if width == self.gpus else NodeHistory(width)
         values: list[float | None] = list(host)
+        if width == n:
+            # GPUs in index order (as agents send them): each one's columns appended, no list to fill by index.
+            for i, g in enumerate(gpus):
+                if g.index != i:
+                    break
+                used, total = g.mem_used_mb, g.mem_total_mb
+                values += (g.util, g.temp_c, g.power_w, 100.0 * used / total if used is not None and total else None)
+            else:
+                history.ring.push(values)
+                return history
+            del values[_COLUMNS:]
         values += [None] * (_COLUMNS * width)
         for g in gpus:
             base = _COLUMNS * (1 + g.index)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from gridwatch.wire.protocol import TrainerStatus
 
@@ -31,6 +30,7 @@ class JobPhase(StrEnum):
 _PRIORITY: tuple[JobPhase, ...] = (JobPhase.RESTARTING, JobPhase.REFORMING, JobPhase.CHECKPOINTING,
                                    JobPhase.STARTING, JobPhase.JOINING, JobPhase.PAUSED, JobPhase.TRAINING,
                                    JobPhase.UNKNOWN)
+_RANKED = frozenset(_PRIORITY)
 _GONE = frozenset({"left", "done"})
 _K = TypeVar("_K")
 
@@ -43,9 +43,8 @@ def _phase(text: str) -> JobPhase:
     return _PHASES.get(text, JobPhase.UNKNOWN)
 
 
-@dataclass(frozen=True, slots=True)
-class _Report:
-    """A node's last trainer status, reduced to what the job's state needs."""
+class _Report(NamedTuple):
+    """A node's last trainer status, reduced to what the job's state needs (a tuple: made at every status)."""
 
     at: float
     step: int | None
@@ -82,13 +81,25 @@ class Trainers:
 
     def put(self, node: str, at: float, status: TrainerStatus, gpus: int) -> None:
         """``node``'s status, heard at ``at``, replaces its last one."""
+        said = str(status.phase)
+        live, quiet = self._live, self._quiet
+        last = self.reports.get(node)
+        if last is not None and said not in _GONE and node in live and at >= live[next(reversed(live))].at:
+            report = _Report(at, status.step, _phase(said), status.world_size, gpus)
+            del live[node]
+            live[node] = report  # the newest of all: to the end of the live ones
+            self.reports[node] = report
+            if report[1:] != last[1:]:  # its step, phase, world or GPUs changed: the counts follow
+                self._remove(last)
+                self._add(report)
+            self.visits += 1
+            return
         self.drop(node)
-        if str(status.phase) in _GONE:
+        if said in _GONE:
             self.reports[node] = None
             return
-        report = _Report(at, status.step, _phase(str(status.phase)), status.world_size, gpus)
+        report = _Report(at, status.step, _phase(said), status.world_size, gpus)
         self.reports[node] = report
-        live, quiet = self._live, self._quiet
         # Usually the newest of all: appended at the end. Times passed out of order are put in their place.
         if live and at >= live[next(iter(live))].at:
             _insert(live, node, report)
@@ -118,7 +129,12 @@ class Trainers:
         # The trainers at the job's step carry it: one node starting or joining behind them holds nothing back.
         # With no step yet, every live trainer is at step None.
         phases = self._phases[self._top]
-        phase = next((p for p in _PRIORITY if p in phases), JobPhase.UNKNOWN)
+        if len(phases) == 1:  # the trainers at the top step agree (the common case)
+            phase = next(iter(phases))
+            if phase not in _RANKED:
+                phase = JobPhase.UNKNOWN
+        else:
+            phase = next((p for p in _PRIORITY if p in phases), JobPhase.UNKNOWN)
         return self._top, phase, self._world, self._gpus
 
     def _judge(self, now: float) -> None:
