@@ -490,8 +490,8 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
         store.set_link(name, "connected", role="viewer")
         store.apply(p.Hello(node=p.Text(name), role=p.Text("viewer"), interval=1.0, gpus=hello_gpus))
         store.apply(summary(i, 1))
-    frames = [[summary(i, seq) for i in range(nodes)] for seq in (2, 3)]
     results: dict[str, float] = {}
+    seqs = iter(range(2, 1 << 30))
 
     async def main() -> None:
         incidents = StoreIncidents(IncidentStore(":memory:", clock))
@@ -507,11 +507,12 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
                 for k in range(ticks):
                     # ``changed``: the share of nodes whose summary arrives between two ticks (1: all of
                     # them, the worst case; 0.2: a tick at the 5 s cadence), a different slice each tick.
-                    row = frames[k % 2]
-                    step = max(int(round(len(row) * changed)), 1)
-                    first = (k * step) % len(row)
-                    for f in (row[first:first + step] + row[:max(first + step - len(row), 0)]):
-                        store.apply(f)
+                    # New readings each time (a node sent the same values twice would show nothing new), made
+                    # before the clock starts.
+                    step = max(int(round(nodes * changed)), 1)
+                    first, seq = (k * step) % nodes, next(seqs)
+                    for i in [*range(first, min(first + step, nodes)), *range(max(first + step - nodes, 0))]:
+                        store.apply(summary(i, seq))
                     clock.advance(1.0)
                     t0 = time.process_time()
                     screen.tick()

@@ -193,7 +193,7 @@ class FleetScreen(ViewScreen):
         if row is not None:
             text.append(row.name, style="bold")
             text.append(f"  {row.status}", style=STATUS_STYLES[row.status])
-            text.append(f"  seen {format_age(row.age_s)} ago")
+            text.append(f"  seen {seen_text(row.age_s, row.every_s)} ago")  # as its SEEN cell says it
             if row.flags:
                 text.append(f"  {row.flags}", style=_BAD)
             if row.error:

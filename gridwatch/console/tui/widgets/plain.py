@@ -37,13 +37,32 @@ def plain_text(text: Text) -> Text:
 
 
 class PlainStatic(Static):
-    """A Static whose content is plain text: a str is never markup, and no control character is drawn."""
+    """A Static whose content is plain text: a str is never markup, and no control character is drawn.
+
+    Content equal to what it shows is not set again: a view sets its lines at every tick, and each new
+    content is laid out and painted again however alike (a fleet view's legend, title and status line).
+    """
 
     def __init__(self, content: Any = "", **kwargs: Any) -> None:
-        super().__init__(_plain_content(content), **kwargs)
+        content = _plain_content(content)
+        self._shown: tuple | None = _same_as(content)
+        super().__init__(content, **kwargs)
 
     def update(self, content: Any = "", *, layout: bool = True) -> None:
-        super().update(_plain_content(content), layout=layout)
+        content = _plain_content(content)
+        key = _same_as(content)
+        if key is not None and key == self._shown:
+            return
+        self._shown = key
+        super().update(content, layout=layout)
+
+
+def _same_as(content: Any) -> tuple | None:
+    """What makes two contents draw alike (text, styles, layout); None for a renderable that cannot be compared."""
+    if isinstance(content, Text):
+        return (content.plain, tuple(content.spans), str(content.style), content.justify, content.overflow,
+                content.no_wrap, content.end)
+    return None
 
 
 def _plain_content(content: Any) -> Any:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gridwatch.console.fleet.rows import FleetSummary
-from gridwatch.console.tui.widgets.plain import plain_text
+from gridwatch.console.tui.widgets.plain import PlainStatic
 
 
 def format_age(seconds: float | None) -> str:
@@ -33,7 +32,7 @@ def format_rate(bps: float | None) -> str:
     return f"{bps:.1f}T"
 
 
-class StatusBar(Static):
+class StatusBar(PlainStatic):
     """Shows a :class:`FleetSummary`; the app sets it once a tick."""
 
     DEFAULT_CSS = """
@@ -63,5 +62,5 @@ class StatusBar(Static):
         if note:
             text.append("  ")
             text.append(note, style="italic")
-        # One line, fixed height: no layout pass for the whole screen on every tick.
-        self.update(plain_text(text), layout=False)
+        # One line, fixed height: no layout pass for the whole screen on every tick (and none at all when unchanged).
+        self.update(text, layout=False)
