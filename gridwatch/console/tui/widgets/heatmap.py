@@ -16,7 +16,7 @@ from textual.message import Message
 
 from gridwatch.console.fleet.node import NodeStatus
 from gridwatch.console.fleet.rows import HeatmapNode, LazyRows
-from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs
+from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs, merged
 from gridwatch.console.tui.widgets.plain import plain
 from gridwatch.console.tui.widgets.text_table import fit
 from gridwatch.sshlink.hostlist import compress
@@ -317,7 +317,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         for node in chunk:
             lit = node.name == self.highlight
             segments.extend(_kept(self._node_runs, node, (lit, view), self._cells_of, base, hi if lit else None))
-        return tuple(segments)
+        return merged(segments)
 
     def _cells_of(self, node: HeatmapNode, base: Style, extra: Style | None) -> Runs:
         """One node's block: its mark, a cell per GPU, the padding; cells of one style in a row as one run."""
@@ -368,7 +368,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             segments.append((" ", base))
             text = short_label(node.name, label_width, self._suffix)
             segments.append((text, hi_style if node.name == self.highlight else style))
-        return tuple(segments)
+        return merged(segments)
 
     def _zoomed_cell(self, node: HeatmapNode, base: Style, extra: Style | None) -> tuple[str, Style]:
         """A node's one cell zoomed out: its mark when down, stale or failing checks, else its worst GPU's colour."""

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
 
-from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs
+from gridwatch.console.tui.widgets.painted import PaintedOnce, Run, Runs, merged
 from gridwatch.console.tui.widgets.plain import plain
 
 
@@ -322,7 +322,7 @@ class TextTable(PaintedOnce, can_focus=True):
                 cell_style = cell_style + row_style
             runs.append((fit(text, cells, col.align, col.clip), cell_style))
             runs.append((" ", space))
-        return tuple(runs)
+        return merged(runs)
 
     def strip_of(self, runs: Runs, y: int) -> Strip:
         scroll_x = self.scroll_offset.x
