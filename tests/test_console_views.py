@@ -201,3 +201,43 @@ async def test_a_cursor_moved_between_a_redraw_and_its_paint_is_drawn_where_it_w
         lines = table.render_lines(Region(0, 0, table.size.width, table.size.height))
         marked = [strip.text.split()[0] for strip in lines if any(s.style and s.style.bgcolor == cursor for s in strip)]
         assert marked == ["node04"]
+
+
+async def test_a_fleet_on_2_s_summaries_redraws_every_2_s_but_news_at_the_next_tick() -> None:
+    # Readings wait for the cadence (each node's changes every 2 s); an XID, a link going down, do not wait.
+    from types import SimpleNamespace
+
+    from gridwatch.wire.protocol import Event, Text
+
+    app = make_app()
+    store = app.runtime.store
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: shown(app, FleetScreen))
+        app.runtime.fleet = SimpleNamespace(options=SimpleNamespace(summary_every=2.0))  # type: ignore[assignment]
+        app.tick_seconds = 1.0  # its timer stays off: the test ticks
+        clock = [100.0]
+        app.monotonic = lambda: clock[0]
+        screen = app.screen
+        drawn: list[int] = []
+        draw = screen.tick
+        screen.tick = lambda: (drawn.append(1), draw())  # type: ignore[method-assign]
+        app.tick()
+        assert len(drawn) == 1
+        store.apply(make_sample("node03", 51, util=9.0))  # a reading: waits for the cadence
+        app.tick()
+        assert len(drawn) == 1
+        store.apply(Event(kind=Text("xid"), code=79, gpu=1, node=Text("node03"), seq=52, ts=store.clock.now()))
+        app.tick()  # news: drawn at once
+        assert len(drawn) == 2
+        store.set_link("node04", "down", error="connection lost")
+        app.tick()
+        assert len(drawn) == 3
+        store.set_link("node04", "down", error="connection lost")  # the same state again is no news
+        clock[0] += 1.0
+        app.tick()
+        assert len(drawn) == 3
+        clock[0] += 1.0  # two seconds since the news: the cadence's redraw
+        app.tick()
+        assert len(drawn) == 4
+        await pilot.pause()
+        assert "node04 down" in " ".join(screen_text(app).split())

@@ -415,6 +415,7 @@ class PrometheusFleet:
         delay = min(o.backoff_max, o.interval * 2 ** (status.failures - 1)) * o.rng.uniform(0.75, 1.0)
         status.retry_at = self.store.clock.now() + delay
         self.store.generation += 1
+        self.store.news += first  # the panel's source failing: said at once
         if first:
             logger.warning("{}", status.detail)
 

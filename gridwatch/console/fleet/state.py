@@ -101,6 +101,9 @@ class StateStore:
         self.logs: deque[LogRecord] = deque(maxlen=FLEET_LOG_LINES)
         self.loss: deque[tuple[int, float]] = deque(maxlen=LOSS_POINTS)
         self.generation = 0  # bumped on every change, so a view can skip an idle tick
+        # Bumped on a change that is news rather than a reading: an event, a link's state, a hello, a gap, an
+        # error, a relay up or down. A fleet view redrawn at the summaries' cadence redraws at once for it.
+        self.news = 0
         self._seq = 0
         self._names: dict[str, str] = {}  # agent-given name -> key, so lookups by name stay O(1)
         self._majority: str | None = None
@@ -158,6 +161,8 @@ class StateStore:
         self._touch(node)
         if name:
             self._rename(node, name)
+        if node.link != str(state):
+            self.news += 1
         node.link = str(state)
         # Errors can quote what a peer sent (an SSH banner, a reason): cleaned like any node text.
         node.link_error = clean_text(error, 300) if error else None
@@ -182,14 +187,18 @@ class StateStore:
             hello = node.hello
             node.interval = max(hello.interval if hello and hello.interval > 0 else 1.0, frame.every)
             self._apply_sample(node, frame, now)
-        elif isinstance(frame, Sample):
+            return
+        if isinstance(frame, Sample):
             if node.hello is not None and node.hello.interval > 0:
                 node.interval = node.hello.interval  # back from summaries: one a tick again
             self._apply_sample(node, frame, now)
-        elif isinstance(frame, Event):
-            self._apply_event(node, frame, now)
-        elif isinstance(frame, LogLine):
+            return
+        if isinstance(frame, LogLine):
             self.add_log(node.name, frame, node)
+            return
+        self.news += 1  # not a reading nor a log line: something happened
+        if isinstance(frame, Event):
+            self._apply_event(node, frame, now)
         elif isinstance(frame, Hello):
             self._apply_hello(node, frame)
         elif isinstance(frame, Gap):

@@ -126,6 +126,7 @@ class ConsoleRuntime(Observing, Acting):
         """Raise (or, with None, clear) the console's alert; the incident store calls it when its disk fails."""
         self.alert = text
         self.store.generation += 1
+        self.store.news += 1
         for hook in self.hooks.alert:
             hook(text)
 

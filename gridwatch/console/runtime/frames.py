@@ -85,6 +85,7 @@ class Observing(Launching):
             behind = len(relay.carried)
             self.relays_down[key] = f"{relay.last_error or f'relay {key} is down'} ({behind:,} node{'s' * (behind != 1)} behind it)"
         self.store.generation += 1
+        self.store.news += 1
         for hook in self.hooks.relay:
             hook(relay)
 

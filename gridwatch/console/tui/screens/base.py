@@ -23,6 +23,9 @@ class ViewScreen(Screen[None]):
     """A view the app refreshes once a tick via :meth:`refresh_view`; never per frame."""
 
     VIEW_NAME = "view"
+    # Redrawn at the summaries' cadence on a large fleet (GridwatchApp.redraw_every), news at once; a view of one
+    # node (its whole samples every tick, its live log) says False and is redrawn every tick.
+    AT_CADENCE = True
     # Actions that change something: hidden (and refused) in read-only mode.
     CHANGING_ACTIONS: frozenset[str] = frozenset()
 

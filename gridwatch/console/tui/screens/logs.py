@@ -94,6 +94,7 @@ class LogsScreen(ViewScreen):
     """
 
     VIEW_NAME = "logs"
+    AT_CADENCE = False  # log lines come as they come, not at the summaries' cadence
     BINDINGS = [
         Binding("slash", "edit_query", "Query"),
         Binding("ctrl+s", "search_agents", "Search store+agents"),

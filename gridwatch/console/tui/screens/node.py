@@ -359,6 +359,7 @@ class NodeScreen(ViewScreen):
     """Opened with enter on a node; streams that node's log lines while open."""
 
     VIEW_NAME = "node"
+    AT_CADENCE = False  # one node, streaming whole samples while it is open
     CHANGING_ACTIONS = frozenset({"isolate", "checkpoint", "force_return", "keep_scene"})
     HISTORY_EVERY = 5.0  # seconds between reads of the node's history from the incident database
     _history_read = float("-inf")  # when it was last read (the store's clock)
