@@ -3,7 +3,7 @@
 Part 1, over SSH: simulated agents (benchmarks/swarm.py ``--lean``, many real
 SSH servers per process) on this machine's loopback, and a console attached to
 all of them, a real runtime from ``build_runtime`` (engine running, not acting)
-with the Textual app headless drawing the fleet view once a second, in the
+with the Textual app headless drawing the fleet view as a console does (a tick a second, the fleet view redrawn as often as summaries come), in the
 ``--modes`` asked, one after the other on the same agents: ``summary`` (a link
 per agent, summaries at ``--summary-every``, default ``auto``: by the number of
 agents, as a console does), ``relayed`` (the same console with no direct link:
@@ -604,7 +604,7 @@ def main() -> int:
               f"{'' if args.full_cost_swarm else ' (--lean)'} on the same cores"
               f"{f' (swarm and relays at nice {args.others_nice})' if args.others_nice else ''}, "
               f"consoles {how} (engine on, not "
-              f"acting, fleet view drawn once a second, {SIZE[0]}x{SIZE[1]})")
+              f"acting, fleet view redrawn as often as summaries come and for news, {SIZE[0]}x{SIZE[1]})")
         for mode, m in r.items():
             t = m["ticks"]
             print(f"  {mode:7s}: {m['cadence']}; window {m['window_s']:.0f} s, load average "

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -148,6 +149,7 @@ class TextTable(PaintedOnce, can_focus=True):
         self.columns = columns
         self.keep = len(columns) if keep is None else keep
         self._widths: tuple[int, list[int]] | None = None  # (table width, column widths) as last laid out
+        self._paint_view: tuple[list[int], int] | None = None  # (widths, scroll) during one paint
         self._limits: dict[str, int] = {}  # column key -> the widest value it holds, where a view said so
         self.rows: Sequence[Any] = []
         self.keys: list[str] = []
@@ -306,17 +308,28 @@ class TextTable(PaintedOnce, can_focus=True):
             runs.append((" ", header))
         return tuple(runs)
 
+    @contextmanager
+    def _styled(self) -> Iterator[None]:
+        # The columns' widths and the scroll read once a paint too (each walks Textual's regions).
+        self._paint_view = (self.widths, self.scroll_offset.y)
+        try:
+            with super()._styled():
+                yield
+        finally:
+            self._paint_view = None
+
     def line_runs(self, y: int) -> Runs:
         base = self.paint_style
         if y == 0:
             return self._header()
-        index = y - 1 + self.scroll_offset.y
+        widths, top = self._paint_view or (self.widths, self.scroll_offset.y)
+        index = y - 1 + top
         if index >= len(self.rows):
             return ((" " * self.size.width, base),)
         row_style = self.get_component_rich_style("text-table--cursor") if index == self.cursor else None
         space = base + row_style if row_style else base
         runs: list[Run] = []
-        for col, cells, (text, style) in zip(self.columns, self.widths, self.cells(index)):
+        for col, cells, (text, style) in zip(self.columns, widths, self.cells(index)):
             cell_style = base + style if style else base
             if row_style is not None:
                 cell_style = cell_style + row_style
