@@ -239,5 +239,7 @@ async def test_a_fleet_on_2_s_summaries_redraws_every_2_s_but_news_at_the_next_t
         clock[0] += 1.0  # two seconds since the news: the cadence's redraw
         app.tick()
         assert len(drawn) == 4
+        app.set_note("pre-flight: starting on 8 nodes")  # the operator's own feedback: at once
+        assert len(drawn) == 5
         await pilot.pause()
         assert "node04 down" in " ".join(screen_text(app).split())

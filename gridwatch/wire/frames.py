@@ -138,7 +138,8 @@ class GpuBrief(msgspec.Struct, array_like=True, gc=False):
     power_w: int | None = None
     mem_used_mb: int | None = None
     mem_total_mb: int | None = None
-    # A word checked by the decoder itself (no per-GPU text hook); a state no console knows still decodes.
+    # A word (a-z, _) checked once a frame by the decoder (state_word_refused; no per-GPU text hook); a state no
+    # console knows still decodes.
     state: GpuStateWord = "ok"
     ecc_sbe: int | None = None
     ecc_dbe: int | None = None

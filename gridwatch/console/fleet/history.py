@@ -115,7 +115,7 @@ class NodeHistory:
             else:
                 history.ring.push(values)
                 return history
-            del values[_COLUMNS:]
+            del values[len(host):]
         values += [None] * (_COLUMNS * width)
         for g in gpus:
             base = _COLUMNS * (1 + g.index)

@@ -291,6 +291,7 @@ class StateStore:
         self._touch(node)
         node.preflight = result
         self.generation += 1
+        self.news += 1
 
     def add_log(self, name: str, line: LogLine, node: NodeState | None = None) -> None:
         """Append a streamed log line to the node's tail and the fleet's."""

@@ -97,6 +97,7 @@ class Launching(Recovering):
         return bool(self._plans)
 
     def _launch(self, plans: list[Plan]) -> None:
+        self.store.news += 1  # an incident opened or moved on: the views say so at their next tick
         for plan in plans:
             for hook in self.hooks.plan:
                 hook(plan)

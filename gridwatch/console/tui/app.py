@@ -44,8 +44,8 @@ _LINE_ENDING_KEYS = frozenset({"enter", "escape"})
 # Held keys are looked at again this often, should nothing else hand them on (a safety net).
 _HOLD_RECHECK_S = 1.0
 # A view of the whole fleet is redrawn at least this often, however slow its summaries (a 5 s cadence at 2,500
-# nodes): the screen is never further behind than that.
-REDRAW_AT_LEAST_S = 2.5
+# nodes): the screen is never further behind than that. A whole number of the 1 s ticks it is redrawn on.
+REDRAW_AT_LEAST_S = 2.0
 
 
 class GridwatchApp(App[None]):
@@ -101,6 +101,7 @@ class GridwatchApp(App[None]):
         role = (election.standing.line, election.leading) if election is not None else None
         if role != self._role_shown:
             self._role_shown = role
+            self._news_drawn = -1  # the status line says this console's standing: drawn at once
             self.refresh_bindings()  # the take-over key is offered to an observer only
         view = next((s for s in reversed(self.screen_stack) if isinstance(s, ViewScreen)), None)
         if view is None:
@@ -120,8 +121,8 @@ class GridwatchApp(App[None]):
 
         With summaries every 2 s a node's reading changes every 2 s: redrawing every second showed half the
         nodes' news for the whole painting (a third of a console's CPU at a thousand nodes). What is news
-        rather than a reading (an event, a link's state, a relay, an alert: ``StateStore.news``) is drawn at
-        the next tick, and keys redraw at once, whatever this says.
+        rather than a reading (an event, a link's state, a relay, an alert, an incident, a pre-flight result:
+        ``StateStore.news``) is drawn at the next tick, the operator's note and keys at once, whatever this says.
         """
         options = getattr(self.runtime.fleet, "options", None)
         every = float(getattr(options, "summary_every", 0.0) or 0.0)
@@ -197,6 +198,7 @@ class GridwatchApp(App[None]):
 
     def set_note(self, note: str) -> None:
         self.note = note
+        self._news_drawn = -1  # the operator's own feedback is news: drawn now, not at the fleet's cadence
         self.tick()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
