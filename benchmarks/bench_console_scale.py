@@ -183,7 +183,8 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
                               # Each relay's link: its state and the lines (batches) the console read from it.
                               "relays": {str(ep): [str(r.state), r.messages, r.bad_frames, r.reads]
                                          for ep, r in getattr(fleet, "relays", {}).items()},
-                              "redraw_ms": 1000 * statistics.median(ticks[-30:]) if ticks else None}), flush=True)
+                              "redraw_ms": 1000 * statistics.median(ticks[-30:]) if ticks else None,
+                              "redraws": len(ticks)}), flush=True)
         await runtime.stop()
 
 
@@ -361,7 +362,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             proc = swarm[(port - args.base_port) // PER_PROCESS]
             injected[str(port)] = float(_ask(proc, f"xid {port} 3 {XID_CODE}").split()[1])
         time.sleep(max(args.seconds - step * args.xids, 0))
-        cpu_end = {mode: json.loads(_ask(c, "stats"))["cpu"] for mode, c in consoles.items()}
+        ends = {mode: json.loads(_ask(c, "stats")) for mode, c in consoles.items()}
         relay_cpu = [r.cpu() - c0 for r, c0 in zip(relays, relay_cpu0)]
         for c in consoles.values() if profiling else ():
             _ask(c, "profile")
@@ -391,7 +392,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             bad += b["links"][port][2] - a["links"][port][2]
         detect = sorted(t - injected[port.rsplit(":", 1)[-1]] for port, t in b["xids"]
                         if port.rsplit(":", 1)[-1] in injected)
-        cpu = cpu_end[mode] - a["cpu"]
+        cpu = ends[mode]["cpu"] - a["cpu"]
         nodes = max(min(a["connected"], b["connected"]), 1)  # the links that streamed through the window
         out[mode] = {
             "nodes": nodes, "connected": (a["connected"], b["connected"]),
@@ -402,7 +403,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             "sent": sent_total, "received": got_total, "missing": missing, "gaps": gaps, "bad": bad,
             "summaries_per_node_s": (b["summaries"] - a["summaries"]) / window / nodes,
             "xid_median_s": statistics.median(detect) if detect else None, "xids_seen": len(detect),
-            "redraw_ms": b["redraw_ms"],
+            "redraw_ms": b["redraw_ms"], "redraws": ends[mode]["redraws"] - a["redraws"],
             "gc_us_per_node_s": [1e6 * (b["gc_s"][g] - a["gc_s"][g]) / window / nodes for g in range(3)],
             "gc_per_s": [(b["gc_n"][g] - a["gc_n"][g]) / window for g in range(3)],
         }
@@ -622,7 +623,8 @@ def main() -> int:
                   f"bad {m['bad']}; summaries per node per second {m['summaries_per_node_s']:.3f}; "
                   f"XID seen {m['xids_seen']}/{args.xids}, median "
                   f"{'-' if m['xid_median_s'] is None else round(m['xid_median_s'], 3)} s; "
-                  f"redraw median {m['redraw_ms'] or 0:.1f} ms CPU")
+                  f"redraw median {m['redraw_ms'] or 0:.1f} ms CPU, {m['redraws']} redraws in the window (the "
+                  f"fleet view's tick; news redraws at once)")
             print("           of it the garbage collector: " + ", ".join(
                 f"gen {g} {m['gc_per_s'][g]:.1f}/s {m['gc_us_per_node_s'][g]:.1f} us" for g in range(3)))
             if m.get("stages") is not None and m["summaries_per_node_s"]:
