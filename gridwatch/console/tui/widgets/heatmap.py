@@ -321,18 +321,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
 
     def _cells_of(self, node: HeatmapNode, base: Style, extra: Style | None) -> Runs:
         """One node's block: its mark, a cell per GPU, the padding; cells of one style in a row as one run."""
-        runs: list[Run] = []
-        run: list[str] = []
-        run_style: Style = base
         styles = self._styles
-
-        def put(glyph: str, style: Style) -> None:
-            nonlocal run_style
-            if style is not run_style and run:
-                runs.append(("".join(run), run_style))
-                run.clear()
-            run_style = style
-            run.append(glyph)
 
         def combined(style: Style, extra: Style | None) -> Style:
             key = (base, style, extra)
@@ -342,7 +331,7 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             return found
 
         mark, mark_style = node_mark(node)
-        put(mark, combined(mark_style, None) if mark_style else base)
+        runs: list[Run] = [(mark, combined(mark_style, None) if mark_style else base)]
         down = node.status in (NodeStatus.DOWN, NodeStatus.REFUSED)
         stale = node.status is NodeStatus.STALE
         values = node.values
@@ -353,12 +342,9 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
             else:
                 # A stale node keeps its last colours, shaded so it reads as old.
                 glyph, style = ("▒" if stale else "█"), (_DOWN if down else cell_style(value, self.health))
-            put(glyph, combined(style, extra))
-        for _ in range(self._block - 1 - self._cells_per_node):
-            put(" ", base)
-        if run:
-            runs.append(("".join(run), run_style))
-        return tuple(runs)
+            runs.append((glyph, combined(style, extra)))
+        runs.extend([(" ", base)] * (self._block - 1 - self._cells_per_node))
+        return merged(runs)
 
     def _label_line(self, chunk: Sequence[HeatmapNode], style: Style, hi_style: Style, base: Style) -> Runs:
         """The names above a line of blocks, each over its own cells (the mark column left blank)."""
@@ -392,18 +378,9 @@ class GpuHeatmap(PaintedOnce, can_focus=True):
         if label is None:
             label = self._run_labels[line] = short_label(compress(self._names[start:stop]), ZOOM_LABEL)
         segments: list[Run] = [(label, label_style), (" ", base)]
-        run: list[str] = []
-        run_style: Style = base
         view = (base, hi, self.health)
         for i in range(start, stop):
             node = self.nodes[i]
             lit = node.name == self.highlight
-            glyph, style = _kept(self._node_cell, node, (lit, view), self._zoomed_cell, base, hi if lit else None)
-            if style != run_style and run:
-                segments.append(("".join(run), run_style))
-                run.clear()
-            run_style = style
-            run.append(glyph)
-        if run:
-            segments.append(("".join(run), run_style))
-        return tuple(segments)
+            segments.append(_kept(self._node_cell, node, (lit, view), self._zoomed_cell, base, hi if lit else None))
+        return merged(segments)
