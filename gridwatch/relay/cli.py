@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     logger.configure(extra={"node": settings.name})
     clean_logs()
     try:
-        # The rack's links read together every few ms (gridwatch.sshlink.coalesce): a third less per frame.
+        # The rack's links read together every 0.1 s (gridwatch.sshlink.coalesce): nearly half less per message.
         run_coalesced(_serve(settings.name, nodes, settings.keys, settings.listen), every)
     except RelayError as exc:
         print(f"gridwatch relay: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@ process has pushed that code and its data out of the CPU's caches, and each mess
 them back (a summary's decode is three times dearer than in a loop over many). This loop lets the
 sockets that became readable within ``period`` of its last wake-up gather, and reads them in one pass
 (interrupt coalescing, as a NIC does): measured with benchmarks/bench_ssh_message.py, the SSH layer alone
-spends about a third less per message at 30 ms.
+spends about a fifth less per message at 25 ms and nearly half less at 0.1 s (BENCHMARKS.md, third round).
 
 What it costs: a message waits up to ``period`` longer to be read. Timers are never late for it (the
 nap ends at the next timer), and a loop busy for longer than ``period`` does not nap at all.

@@ -187,7 +187,7 @@ def _console(args: argparse.Namespace) -> int:
         try:
             from gridwatch.console.runtime.control import socket_for
 
-            # Every link read together every few ms (gridwatch.sshlink.coalesce): a third less per message.
+            # Every link read together every few ms (gridwatch.sshlink.coalesce): about a fifth less per message.
             return run_coalesced(_headless(runtime, args.duration, args.control_socket or socket_for(db)), every)
         except RuntimeError as exc:
             print(f"gridwatch console: {exc}", file=sys.stderr)
