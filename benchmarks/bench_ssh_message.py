@@ -11,8 +11,10 @@ channel's own callback, the console's link now). The servers send the ignore bef
 agent's and the relay's SSH face now). With ``--read-every 0.025,0.1`` the callback reader runs once more
 per period on the loop that reads its sockets together at most that often (gridwatch.sshlink.coalesce: the
 console's 25 ms, a relay's 0.1 s), against the quiet sender. Each is measured ``--runs`` times, interleaved:
-the receiver's CPU over the window divided by the lines it received. Nothing else of gridwatch runs: this is the
-transport's own cost, the floor under a console's per-message figure.
+the receiver's CPU over the window divided by the lines it received. Each period is measured twice more: with
+asyncssh as it is, and ``+kept`` with the per-packet work gridwatch's links leave out (gridwatch.sshlink.fastpath:
+AES-GCM kept per cipher, no packet log formatted below asyncssh's debug level 3). Nothing else of gridwatch runs:
+this is the transport's own cost, the floor under a console's per-message figure.
 
     .venv/bin/python benchmarks/bench_ssh_message.py [--links 500] [--every 1] [--seconds 15] [--runs 2]
         [--read-every 0.025,0.1]
@@ -74,6 +76,11 @@ def receive(links: int, seconds: float, how: str) -> None:
 
     from gridwatch.sshlink.stream import LineStream
 
+    if how.endswith("+kept"):  # asyncssh's per-packet path as gridwatch's links run it (gridwatch.sshlink.fastpath)
+        from gridwatch.sshlink import fastpath
+
+        fastpath.install()
+        how = how.removesuffix("+kept")
     count = [0]
 
     async def one(i: int) -> None:
@@ -141,7 +148,8 @@ def main() -> int:
             server = subprocess.Popen([*me, "--role", "serve", "--how", sender], stdout=subprocess.PIPE, text=True)
             try:
                 assert server.stdout is not None and server.stdout.readline().strip() == "up"
-                periods = [f"callback@{float(x):g}" for x in args.read_every.split(",") if x.strip()]
+                periods = [f"callback@{float(x):g}{kept}" for x in args.read_every.split(",") if x.strip()
+                           for kept in ("", "+kept")]
                 for how in ("stream", "callback", *(periods if sender == "quiet" else ())):
                     out = subprocess.run([*me, "--role", "receive", "--how", how], capture_output=True, text=True,
                                          timeout=args.seconds + 120, check=True).stdout.split()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import socket
+import threading
 
 import pytest
 
@@ -90,10 +91,35 @@ def test_sockets_readable_within_the_period_are_read_in_one_pass() -> None:
 
 
 def test_the_setting_is_read_from_the_environment_and_a_bad_one_is_refused_in_one_line() -> None:
-    assert read_every(environ={}) == 0.025 and read_every(0.1, environ={}) == 0.1  # the console's, a relay's
+    assert read_every(environ={}) == 0.1 and read_every(0.025, environ={}) == 0.025  # the default, a caller's
     assert read_every(0.1, environ={"GRIDWATCH_READ_EVERY_S": "0"}) == 0.0
     assert read_every(environ={"GRIDWATCH_READ_EVERY_S": " 0.05 "}) == 0.05
     for bad in ("fast", "-1", "nan", "2"):
         with pytest.raises(ValueError, match=r"^GRIDWATCH_READ_EVERY_S: expected seconds from 0 to 0.25, got") as err:
             read_every(environ={"GRIDWATCH_READ_EVERY_S": bad})
         assert "\n" not in str(err.value)
+
+
+def test_what_another_thread_hands_the_loop_ends_its_nap_at_once() -> None:
+    # Textual's input thread posts each key with call_soon_threadsafe, as a worker thread posts its answer: a
+    # loop set to nap for a minute runs it at once, not when its next timer (20 s on) ends the nap.
+    from gridwatch.sshlink.coalesce import coalescing_loop
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[float] = loop.create_future()
+        loop.call_later(20, lambda: None)  # the nap's bound
+        await asyncio.sleep(0)  # the loop has just woken: its next wait naps
+        sent = loop.time()
+
+        def key() -> None:
+            loop.call_soon_threadsafe(lambda: answered.done() or answered.set_result(loop.time() - sent))
+
+        loop.call_soon(lambda: threading.Timer(0.05, key).start())  # while the loop naps
+        return await answered
+
+    loop = coalescing_loop(60.0)
+    try:
+        assert loop.run_until_complete(main()) < 10  # at once (about 0.05 s), not at the timer
+    finally:
+        loop.close()

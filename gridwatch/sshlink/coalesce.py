@@ -10,7 +10,8 @@ sockets that became readable within ``period`` of its last wake-up gather, and r
 spends about a fifth less per message at 25 ms and nearly half less at 0.1 s (BENCHMARKS.md, third round).
 
 What it costs: a message waits up to ``period`` longer to be read. Timers are never late for it (the
-nap ends at the next timer), and a loop busy for longer than ``period`` does not nap at all.
+nap ends at the next timer), what another thread hands the loop ends the nap at once (a key: Textual
+reads the terminal in a thread of its own), and a loop busy for longer than ``period`` does not nap at all.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-# The console's: keys and redraws answer within a frame of a 40 Hz screen, XIDs reach the engine within
-# 25 ms more of the fault (against a target of a second).
-READ_EVERY_S = 0.025
-# A relay's: no one types at it, and its summaries wait for its flush (0.5 s) anyway; an event waits 0.1 s
-# more at most, and the relay spends about half as much per frame as at 25 ms (bench_console_scale.py).
-RELAY_READ_EVERY_S = 0.1
+# A console's and a relay's. Keys and redraws do not wait for it (a key ends the nap, a timer bounds it); a
+# node's frame waits 0.1 s more at most, an XID reaching the engine within 0.1 s more of the fault (against
+# a target of a second), and a relay's summaries wait for its flush (0.5 s) anyway. Against 25 ms, the
+# direct console spends about a fifth less per node at 1,000 nodes (bench_console_scale.py, BENCHMARKS.md).
+READ_EVERY_S = 0.1
 # An operator's override (seconds, 0 for a loop that reads each socket as it becomes readable), and the most
-# it may be: past a quarter of a second keys lag visibly.
+# it may be: an event waits that much more before the engine sees it.
 READ_EVERY_ENV = "GRIDWATCH_READ_EVERY_S"
 READ_EVERY_MAX_S = 0.25
 
@@ -41,12 +41,27 @@ class CoalescingSelector(selectors.DefaultSelector):
     """The platform's selector, that naps before a wait until ``period`` has passed since it last woke."""
 
     def __init__(self, period: float = READ_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 nap: Callable[[float], None] = time.sleep) -> None:
+                 nap: Callable[[float], None] | None = None) -> None:
         super().__init__()
         self.period = period
         self._clock = clock
-        self._nap = nap
+        self._urgent = selectors.DefaultSelector()  # what ends a nap at once (see urgent)
+        self._nap = nap if nap is not None else self._nap_watching
         self._woke = clock()
+
+    def urgent(self, fd: int) -> None:
+        """Let ``fd`` becoming readable end a nap at once (the loop's self-pipe: a key, a thread's answer, a signal)."""
+        self._urgent.register(fd, selectors.EVENT_READ)
+
+    def _nap_watching(self, seconds: float) -> None:
+        if self._urgent.get_map():
+            self._urgent.select(seconds)
+        else:
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        self._urgent.close()
+        super().close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         # timeout 0: callbacks are ready to run, the loop only looks; never held up.
@@ -77,8 +92,17 @@ def read_every(default: float = READ_EVERY_S, environ: dict[str, str] | None = N
 
 
 def coalescing_loop(period: float = READ_EVERY_S) -> asyncio.AbstractEventLoop:
-    """A new event loop whose selector reads the sockets at most every ``period`` seconds (0: as they come)."""
-    return asyncio.SelectorEventLoop(CoalescingSelector(period))
+    """A new event loop whose selector reads the sockets at most every ``period`` seconds (0: as they come).
+
+    Whatever another thread hands the loop ends its nap at once: ``call_soon_threadsafe`` writes to the loop's
+    self-pipe (Textual's input thread posts each key so, a worker thread its answer, a signal its number).
+    """
+    selector = CoalescingSelector(period)
+    loop = asyncio.SelectorEventLoop(selector)
+    self_pipe = getattr(loop, "_ssock", None)  # asyncio's own socket pair: no public name for it
+    if self_pipe is not None:
+        selector.urgent(self_pipe.fileno())
+    return loop
 
 
 def run_coalesced(main: Coroutine[Any, Any, _T], period: float | None = None) -> _T:

@@ -14,6 +14,8 @@ from asyncssh.kex import get_kex_algs
 from asyncssh.mac import get_mac_algs
 from asyncssh.public_key import get_public_key_algs
 
+from gridwatch.sshlink import fastpath
+
 # RSA keys shorter than this are refused, as OpenSSH 8.8+ refuses them
 # (RequiredRSASize 1024 there; 2048 is what NIST and OpenSSH's ssh-keygen default to).
 MIN_RSA_BITS = 2048
@@ -76,6 +78,7 @@ SIGNATURE_ALGS = _supported(_SIGNATURES, get_public_key_algs())
 
 def server_options() -> dict[str, list[str]]:
     """Keyword arguments for ``asyncssh.create_server`` (its host key algorithms follow from its keys)."""
+    fastpath.install()  # every connection gridwatch makes or takes passes here (once a process)
     return {
         "kex_algs": list(KEX_ALGS),
         "encryption_algs": list(ENCRYPTION_ALGS),
