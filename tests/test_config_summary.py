@@ -10,9 +10,9 @@ from gridwatch.sshlink.hostlist import parse_endpoints
 from tests.support_cli import cluster_toml, gridwatch  # one way to run the CLI on a cluster.toml
 
 
-@pytest.mark.parametrize("nodes, every", [(10, 0.0), (500, 0.0), (1_000, 2.0), (2_000, 4.0), (2_500, 5.0), (12_500, 5.0),
-                                          (100_000, 5.0)])
-def test_auto_is_every_sample_up_to_500_nodes_then_a_second_per_500_at_most_five(nodes, every) -> None:
+@pytest.mark.parametrize("nodes, every", [(10, 0.0), (250, 0.0), (500, 2.0), (1_000, 4.0), (1_250, 5.0), (2_500, 5.0),
+                                          (12_500, 5.0), (100_000, 5.0)])
+def test_auto_is_every_sample_up_to_250_nodes_then_a_second_per_250_at_most_five(nodes, every) -> None:
     assert summary_cadence("auto", nodes) == every
     # A number is taken as it is, whatever the fleet's size; 0 is one summary per sample.
     assert summary_cadence(3.0, nodes) == 3.0 and summary_cadence(0.0, nodes) == 0.0

@@ -26,9 +26,13 @@ from gridwatch.wire.settings import ConfigError
 # the fleet's size, because the console's cost per node is per message received (SSH and
 # decode), and a fleet view needs no more than a summary every few seconds past a thousand nodes.
 AUTO: Literal["auto"] = "auto"
-# auto: one summary per sample up to this many nodes, then a second between summaries per this many nodes.
-# A console pays ~45 µs of SSH per message whatever it holds: 500 messages a second is ~2 % of a core.
-AUTO_NODES_PER_SECOND = 500
+# auto: one summary per sample up to this many nodes, then a second between summaries per this many nodes:
+# at most 250 summaries a second from the fleet until the 5 s cap (1,250 nodes). A console pays ~35 µs of
+# SSH per message whatever it holds, and its frame, store and engine ~20 more: at 1,000 nodes 4 s keeps it
+# near 25 µs of CPU per node per second (2 s was twice that). What it costs: a node's numbers are up to
+# 4 s old in the fleet view, and a node that falls silent is stale after 12 s instead of 6 (events, XIDs
+# and an opened node's samples come at once whatever the cadence). BENCHMARKS.md, fifth round.
+AUTO_NODES_PER_SECOND = 250
 AUTO_MAX_EVERY = 5.0  # auto: at most this many seconds between summaries (dcgm-exporter collects every 30 s)
 MAX_SUMMARY_EVERY = 60.0  # a node silent for longer is no fleet view
 SummaryEvery = float | Literal["auto"]
@@ -46,8 +50,8 @@ _SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 def summary_cadence(setting: SummaryEvery, nodes: int) -> float:
     """Seconds between a node's summaries in a fleet of ``nodes``: ``setting``, or what "auto" makes of that size.
 
-    "auto" is one per sample (0) up to 500 nodes, then ``nodes / 500`` s, at most 5 s: 1,000 nodes, 2 s;
-    2,500 and more, 5 s. 0 means one summary per sample.
+    "auto" is one per sample (0) up to 250 nodes, then ``nodes / 250`` s, at most 5 s: 500 nodes, 2 s;
+    1,000 nodes, 4 s; 1,250 and more, 5 s. 0 means one summary per sample.
     """
     if setting == AUTO:
         return 0.0 if nodes <= AUTO_NODES_PER_SECOND else min(nodes / AUTO_NODES_PER_SECOND, AUTO_MAX_EVERY)
