@@ -551,7 +551,7 @@ def main() -> int:
                     help="share of the nodes sent a fresh summary between two redraws (default 1: every node)")
     ap.add_argument("--read-every", type=float, default=None, metavar="S",
                     help="how often the consoles (and the relays) read their links together (GRIDWATCH_READ_EVERY_S; "
-                         "default theirs: 25 ms, a relay 0.1 s; 0: each socket as it becomes readable, as before)")
+                         "default theirs: 0.1 s; 0: each socket as it becomes readable, as before)")
     ap.add_argument("--relay-read-every", type=float, default=None, metavar="S",
                     help="the same for the relays alone (default theirs, 0.1 s)")
     ap.add_argument("--profile", action="store_true",
@@ -569,7 +569,7 @@ def main() -> int:
     if args.serve_console:
         from gridwatch.sshlink.coalesce import run_coalesced
 
-        # As `gridwatch console` runs: its links read together every few ms (GRIDWATCH_READ_EVERY_S, --read-every).
+        # As `gridwatch console` runs: its links read together every 0.1 s (GRIDWATCH_READ_EVERY_S, --read-every).
         run_coalesced(serve_console(args.serve_console, args.spec, args.key, args.known_hosts, args.db, args.summary_every,
                                     args.relays_spec))
         return 0

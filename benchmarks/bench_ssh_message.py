@@ -9,8 +9,8 @@ before) or ``callback`` (:class:`gridwatch.sshlink.stream.LineStream`: lines spl
 channel's own callback, the console's link now). The servers send the ignore before each packet
 (``ignores``: asyncssh as it is) or not (``quiet``: :func:`gridwatch.sshlink.policy.quiet_ignores`, the
 agent's and the relay's SSH face now). With ``--read-every 0.025,0.1`` the callback reader runs once more
-per period on the loop that reads its sockets together at most that often (gridwatch.sshlink.coalesce: the
-console's 25 ms, a relay's 0.1 s), against the quiet sender. Each is measured ``--runs`` times, interleaved:
+per period on the loop that reads its sockets together at most that often (gridwatch.sshlink.coalesce: a
+console's and a relay's 0.1 s, 25 ms before), against the quiet sender. Each is measured ``--runs`` times, interleaved:
 the receiver's CPU over the window divided by the lines it received. Each period is measured twice more: with
 asyncssh as it is, and ``+kept`` with the per-packet work gridwatch's links leave out (gridwatch.sshlink.fastpath:
 AES-GCM kept per cipher, no packet log formatted below asyncssh's debug level 3). Nothing else of gridwatch runs:

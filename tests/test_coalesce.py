@@ -102,13 +102,13 @@ def test_the_setting_is_read_from_the_environment_and_a_bad_one_is_refused_in_on
 
 def test_what_another_thread_hands_the_loop_ends_its_nap_at_once() -> None:
     # Textual's input thread posts each key with call_soon_threadsafe, as a worker thread posts its answer: a
-    # loop set to nap for a minute runs it at once, not when its next timer (20 s on) ends the nap.
+    # loop set to nap for a minute runs it at once, not when its next timer (5 s on) ends the nap.
     from gridwatch.sshlink.coalesce import coalescing_loop
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[float] = loop.create_future()
-        loop.call_later(20, lambda: None)  # the nap's bound
+        loop.call_later(5, lambda: None)  # the nap's bound
         await asyncio.sleep(0)  # the loop has just woken: its next wait naps
         sent = loop.time()
 
@@ -120,6 +120,6 @@ def test_what_another_thread_hands_the_loop_ends_its_nap_at_once() -> None:
 
     loop = coalescing_loop(60.0)
     try:
-        assert loop.run_until_complete(main()) < 10  # at once (about 0.05 s), not at the timer
+        assert loop.run_until_complete(main()) < 4  # at once (about 0.05 s), not at the timer
     finally:
         loop.close()

@@ -88,6 +88,6 @@ def test_a_fleet_on_slow_summaries_is_redrawn_at_their_cadence_at_least_every_2_
     runtime.fleet = SimpleNamespace(options=SimpleNamespace(summary_every=0.0))  # type: ignore[assignment]
     assert app.redraw_every() == 1.0  # a summary per sample: every tick
     runtime.fleet.options.summary_every = 2.0  # type: ignore[union-attr]
-    assert app.redraw_every() == 2.0  # 1,000 nodes: a node's reading changes every 2 s
+    assert app.redraw_every() == 2.0  # 500 nodes: a node's reading changes every 2 s
     runtime.fleet.options.summary_every = 5.0  # type: ignore[union-attr]
-    assert app.redraw_every() == 2.0  # 2,500 nodes and more: never further behind than 2 s
+    assert app.redraw_every() == 2.0  # 1,250 nodes and more: never further behind than 2 s

@@ -290,7 +290,7 @@ def test_a_console_with_relays_counts_their_nodes_and_a_bad_relay_is_exit_2(keys
                     "--relay", f"127.0.0.1:{relay}=10.0.[0-1].[1-250]:8022,10.0.2.[1-249]:8022")
     assert res.returncode == 0, res.stderr
     assert "console: 750 nodes" in res.stdout, res.stdout
-    # "auto" by the whole fleet: 750 nodes / 500 a second; the direct node alone would get one per sample.
+    # "auto" by the whole fleet: 750 nodes / 250 a second; the direct node alone would get one per sample.
     assert "summaries every 3 s from 750 nodes" in res.stdout, res.stdout
     res = gridwatch("console", "--headless", *common, "--relay", "head1")
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr

@@ -3,6 +3,8 @@ tampered packet is still refused, and the packet log still comes at asyncssh's d
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import asyncssh
@@ -12,13 +14,37 @@ from asyncssh.logging import SSHLogger
 from asyncssh.packet import SSHPacketLogger
 
 from gridwatch.sshlink import fastpath
-from gridwatch.sshlink.policy import client_options
 
 
-def test_every_connection_option_set_installs_it_once() -> None:
-    client_options()
-    assert fastpath.install() is True
-    assert ae.GCMCipher.__name__ == "KeptGCMCipher"
+def test_a_process_that_makes_a_connection_s_options_runs_the_kept_path() -> None:
+    # A fresh interpreter: nothing installed it before the options were asked for.
+    probe = ("import asyncssh.encryption as ae; before = ae.GCMCipher.__name__; "
+             "from gridwatch.sshlink.policy import client_options; client_options(); print(before, ae.GCMCipher.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["GCMCipher", "KeptGCMCipher"]
+    assert fastpath.install() is True and fastpath.install() is True  # once; asking again changes nothing
+
+
+def test_a_gcm_cipher_laid_out_otherwise_is_left_as_asyncssh_has_it() -> None:
+    assert fastpath.install()
+    theirs: Any = ae.GCMCipher.__mro__[1]
+    assert fastpath.gcm_layout_problem(theirs) is None
+
+    class Later(theirs):  # a later asyncssh that keeps more state per packet than the kept cipher follows
+        def __init__(self, cipher_name: str, key: bytes, iv: bytes) -> None:
+            super().__init__(cipher_name, key, iv)
+
+        def _update_iv(self) -> None: ...
+
+        def encrypt_and_sign(self, header: bytes, data: bytes) -> Any: ...
+
+        def verify_and_decrypt(self, header: bytes, data: bytes, mac: bytes) -> Any: ...
+
+        def rekey(self) -> None: ...
+
+    assert fastpath.gcm_layout_problem(Later) == (
+        "asyncssh's GCMCipher defines ['__init__', '_update_iv', 'encrypt_and_sign', 'rekey', 'verify_and_decrypt'], "
+        "not ['__init__', '_update_iv', 'encrypt_and_sign', 'verify_and_decrypt']")
 
 
 @pytest.mark.parametrize("cipher", ["aes128-gcm", "aes256-gcm"])

@@ -13,9 +13,10 @@ parts of that run do work whose result is thrown away or is the same every time:
 - **The GCM nonce's counter parsed from bytes per packet.** The next nonce is the same arithmetic,
   kept as an integer.
 
-:func:`install` patches asyncssh's classes in place, once per process, and only after checking on a
-known key that the patched cipher seals and opens exactly as asyncssh's own does; where an asyncssh
-version lays its classes out otherwise, it leaves them as they are and says so at debug level.
+:func:`install` patches asyncssh's classes in place, once per process, and only after checking that
+asyncssh's GCMCipher defines the methods it was written against and no other, and on a known key that
+the patched cipher seals and opens exactly as asyncssh's own does; where an asyncssh version lays its
+classes out otherwise, it leaves them as they are and says so at debug level.
 """
 
 from __future__ import annotations
@@ -27,25 +28,48 @@ from loguru import logger
 _installed: bool | None = None
 
 
+# What asyncssh 2.24's GCMCipher defines: a version that adds or renames one may keep state the kept cipher
+# would not follow, so it is left as it is.
+GCM_LAYOUT = frozenset({"__init__", "_update_iv", "encrypt_and_sign", "verify_and_decrypt"})
+
+
 def install() -> bool:
-    """Patch asyncssh's per-packet path (see the module's text); True when it is patched. Safe to call often."""
+    """Patch asyncssh's per-packet path (see the module's text); True when all of it is patched. Safe to call often.
+
+    Each part is patched or left on its own; whatever goes wrong in a check leaves that part as asyncssh has it
+    (said at debug level), never a connection that fails.
+    """
     global _installed
     if _installed is None:
-        try:
-            _installed = _patch_gcm() and _patch_packet_log()
-        except (ImportError, AttributeError, TypeError, ValueError) as exc:
-            logger.debug("asyncssh's packet path left as it is: {}", exc)
-            _installed = False
+        _installed = True
+        for part in (_patch_gcm, _patch_packet_log):
+            try:
+                part()
+            except Exception as exc:  # noqa: BLE001 - any surprise in asyncssh's insides: leave that part alone
+                logger.debug("asyncssh's {} left as it is: {}", part.__name__.removeprefix("_patch_"), exc)
+                _installed = False
     return _installed
 
 
-def _patch_gcm() -> bool:
+def gcm_layout_problem(cipher_class: type) -> str | None:
+    """Why ``cipher_class`` is not the GCMCipher the kept one was written against; None when it is."""
+    own = {name for name, value in vars(cipher_class).items()
+           if callable(value) and (name == "__init__" or not name.startswith("__"))}
+    if own != GCM_LAYOUT:
+        return f"asyncssh's GCMCipher defines {sorted(own)}, not {sorted(GCM_LAYOUT)}"
+    return None
+
+
+def _patch_gcm() -> None:
     from asyncssh import encryption as ae
     from asyncssh.crypto import cipher as ac
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     original = ac.GCMCipher
+    problem = gcm_layout_problem(original)
+    if problem:
+        raise TypeError(problem)
     mac_size: int = ac._GCM_MAC_SIZE  # noqa: SLF001 - asyncssh's own constant, checked by the round trip below
 
     class KeptGCMCipher(original):  # type: ignore[misc, valid-type]
@@ -82,7 +106,6 @@ def _patch_gcm() -> bool:
     # direction's cipher by, and asyncssh's own name for it.
     setattr(ae, "GCMCipher", KeptGCMCipher)  # noqa: B010
     setattr(ac, "GCMCipher", KeptGCMCipher)  # noqa: B010
-    return True
 
 
 def _same_seal(theirs: Any, ours: Any) -> bool:
@@ -99,7 +122,7 @@ def _same_seal(theirs: Any, ours: Any) -> bool:
     return True
 
 
-def _patch_packet_log() -> bool:
+def _patch_packet_log() -> None:
     from asyncssh.logging import SSHLogger
     from asyncssh.packet import SSHPacketLogger
 
@@ -114,4 +137,3 @@ def _patch_packet_log() -> bool:
     if not isinstance(getattr(SSHLogger, "_debug_level", None), int):
         raise AttributeError("asyncssh's SSHLogger has no debug level")
     setattr(SSHPacketLogger, "_log_packet", _log_packet)  # noqa: B010 - the method both packet logs call
-    return True

@@ -55,7 +55,7 @@ def default_db() -> str:
 
 
 SUMMARY_EVERY_HELP = ("seconds between each node's compact summary in the fleet view, or auto (default): one per "
-                     "sample up to 500 nodes, then a second per 500 nodes, at most 5 s; 0: one per sample. Events come at "
+                     "sample up to 250 nodes, then a second per 250 nodes, at most 5 s; 0: one per sample. Events come at "
                      "once and a node you open sends every sample whatever it is")
 
 
@@ -187,7 +187,7 @@ def _console(args: argparse.Namespace) -> int:
         try:
             from gridwatch.console.runtime.control import socket_for
 
-            # Every link read together every few ms (gridwatch.sshlink.coalesce): about a fifth less per message.
+            # Every link read together at most every 0.1 s (gridwatch.sshlink.coalesce): nearly half less per message.
             return run_coalesced(_headless(runtime, args.duration, args.control_socket or socket_for(db)), every)
         except RuntimeError as exc:
             print(f"gridwatch console: {exc}", file=sys.stderr)
@@ -205,7 +205,7 @@ def _console(args: argparse.Namespace) -> int:
     # The screen is the terminal: logs would scribble over it.
     logger.remove()
     app = GridwatchApp(runtime)
-    run_coalesced(app.run_async(), every)  # as headless: the links read together every few ms, keys within a frame
+    run_coalesced(app.run_async(), every)  # as headless: the links read together every 0.1 s; a key ends the wait
     # Textual shows a crash's traceback and returns; the exit status must say it too.
     return EXIT_OK if not app.return_code else EXIT_FAILED
 

@@ -31,7 +31,7 @@ AUTO: Literal["auto"] = "auto"
 # SSH per message whatever it holds, and its frame, store and engine ~20 more: at 1,000 nodes 4 s keeps it
 # near 25 µs of CPU per node per second (2 s was twice that). What it costs: a node's numbers are up to
 # 4 s old in the fleet view, and a node that falls silent is stale after 12 s instead of 6 (events, XIDs
-# and an opened node's samples come at once whatever the cadence). BENCHMARKS.md, fifth round.
+# and an opened node's samples come at once whatever the cadence). BENCHMARKS.md, issue 25's fifth round.
 AUTO_NODES_PER_SECOND = 250
 AUTO_MAX_EVERY = 5.0  # auto: at most this many seconds between summaries (dcgm-exporter collects every 30 s)
 MAX_SUMMARY_EVERY = 60.0  # a node silent for longer is no fleet view

@@ -120,7 +120,7 @@ class GridwatchApp(App[None]):
         they come slower, yet at least every REDRAW_AT_LEAST_S.
 
         With summaries every 2 s a node's reading changes every 2 s: redrawing every second showed half the
-        nodes' news for the whole painting (a third of a console's CPU at a thousand nodes). What is news
+        nodes' news for the whole painting (a third of a console's CPU at a thousand nodes, then at 2 s). What is news
         rather than a reading (an event, a link's state, a relay, an alert, an incident, a pre-flight result:
         ``StateStore.news``) is drawn at the next tick, the operator's note and keys at once, whatever this says.
         """
