@@ -188,11 +188,12 @@ class Matching(EngineCore):
 
     def _metric_books(self, agent_watched: bool) -> tuple[Playbook, ...]:
         """The metric playbooks this engine evaluates itself (from summaries: those the agent cannot), kept per set."""
-        cached = self._metric_cache
-        if cached is None or cached[0] is not self.playbooks:
-            mine = tuple(pb for pb in self.playbooks if isinstance(pb.trigger, MetricTrigger))
-            cached = self._metric_cache = (self.playbooks, mine, tuple(pb for pb in mine if agent_can_watch(pb) is None))
-        return cached[2] if agent_watched else cached[1]
+        def split(books: tuple[Playbook, ...]) -> tuple[tuple[Playbook, ...], tuple[Playbook, ...]]:
+            mine = tuple(pb for pb in books if isinstance(pb.trigger, MetricTrigger))
+            return mine, tuple(pb for pb in mine if agent_can_watch(pb) is None)  # all, and those no agent watches
+
+        mine, unwatched = self._per_playbooks("metric", split)
+        return unwatched if agent_watched else mine
 
     def _match_metrics(self, node: NodeState, frame: Sample | Summary, now: float, agent_watched: bool = False) -> list[Plan]:
         """Metric conditions on one sample; from a summary, the ones the agent evaluates are left to it."""

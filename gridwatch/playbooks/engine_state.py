@@ -10,9 +10,9 @@ supersede and close incidents and keep the indexes over them; the matching half
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loguru import logger
 
@@ -22,6 +22,8 @@ from gridwatch.playbooks.history import FleetHistory
 from gridwatch.playbooks.model import REMOVING_STEPS, ConditionTrigger, Playbook
 from gridwatch.playbooks.plans import Incident, Plan
 from gridwatch.wire.protocol import FAULT_AT, SchedulerJob, severity_rank
+
+_D = TypeVar("_D")
 
 if TYPE_CHECKING:
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
@@ -160,9 +162,8 @@ class EngineCore:
         self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
         self.history = FleetHistory()  # every node's and GPU's incidents, remediations and verdicts
         self._verdicts: dict[str, tuple[float, CollectiveVerdict]] = {}  # job -> (when, newest verdict with a culprit)
-        # (the playbooks it was made for, their metric playbooks, those of them no agent can watch)
-        self._metric_cache: tuple[tuple[Playbook, ...], tuple[Playbook, ...], tuple[Playbook, ...]] | None = None
-        self._heartbeat_cache: tuple[tuple[Playbook, ...], list[tuple[Playbook, ConditionTrigger]]] | None = None
+        # What is read off the playbooks per frame or per tick (see _per_playbooks): name -> (made for, what).
+        self._derived: dict[str, tuple[tuple[Playbook, ...], Any]] = {}
 
     @property
     def _frame_ident(self) -> str:
@@ -238,14 +239,20 @@ class EngineCore:
                                                 for j in node.scheduler_jobs))
         return len(peers), peers
 
-    def _heartbeat_books(self) -> list[tuple[Playbook, ConditionTrigger]]:
-        """The heartbeat playbooks, picked once per set of playbooks (a tick and every frame ask)."""
-        cached = self._heartbeat_cache
+    def _per_playbooks(self, name: str, make: Callable[[tuple[Playbook, ...]], _D]) -> _D:
+        """What ``make`` reads off the playbooks, made again only when the set of playbooks is replaced (a reload):
+        every frame and every tick ask, and the set changes a few times a week."""
+        cached = self._derived.get(name)
         if cached is None or cached[0] is not self.playbooks:
-            books = [(pb, pb.trigger) for pb in self.playbooks
-                     if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"]
-            cached = self._heartbeat_cache = (self.playbooks, books)
-        return cached[1]
+            cached = self._derived[name] = (self.playbooks, make(self.playbooks))
+        made: _D = cached[1]
+        return made
+
+    def _heartbeat_books(self) -> list[tuple[Playbook, ConditionTrigger]]:
+        """The heartbeat playbooks (a tick and every frame ask)."""
+        return self._per_playbooks("heartbeat", lambda books: [
+            (pb, pb.trigger) for pb in books
+            if isinstance(pb.trigger, ConditionTrigger) and pb.trigger.condition == "heartbeat_lost"])
 
     def _open_on(self, name: str) -> list[Incident]:
         """The open incidents acting on node ``name``, from the index (never a walk of every open incident)."""
@@ -293,7 +300,9 @@ class EngineCore:
     # -------------------------------------------------------------- incidents
 
     def _playbook(self, name: str) -> Playbook | None:
-        return next((pb for pb in self.playbooks if pb.name == name), None)
+        # From an index by name: the tick asks for every open incident's, and a rack gone quiet is a thousand
+        # open heartbeat incidents (a walk of every playbook each, twice a second). The first of a name wins.
+        return self._per_playbooks("by_name", lambda books: {pb.name: pb for pb in reversed(books)}).get(name)
 
     def _new_id(self, base: str) -> str:
         """``base``, or ``base-2``, ``base-3``... when an incident opened from the same frame holds it."""
