@@ -551,9 +551,9 @@ def main() -> int:
                     help="share of the nodes sent a fresh summary between two redraws (default 1: every node)")
     ap.add_argument("--read-every", type=float, default=None, metavar="S",
                     help="how often the consoles (and the relays) read their links together (GRIDWATCH_READ_EVERY_S; "
-                         "default theirs: 0.1 s; 0: each socket as it becomes readable, as before)")
+                         "default theirs: 0.1 s, a relay 0.25 s; 0: each socket as it becomes readable, as before)")
     ap.add_argument("--relay-read-every", type=float, default=None, metavar="S",
-                    help="the same for the relays alone (default theirs, 0.1 s)")
+                    help="the same for the relays alone (default theirs, 0.25 s)")
     ap.add_argument("--profile", action="store_true",
                     help="sample the consoles and relays with py-spy over the window and print a table by stage")
     ap.add_argument("--skip-ssh", action="store_true", help="part 2 only")

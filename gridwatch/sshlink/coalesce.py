@@ -29,6 +29,10 @@ from typing import Any, TypeVar
 # a target of a second), and a relay's summaries wait for its flush (0.5 s) anyway. Against 25 ms, the
 # direct console spends about a fifth less per node at 1,000 nodes (bench_console_scale.py, BENCHMARKS.md).
 READ_EVERY_S = 0.1
+# A relay's: no one types at it and its summaries wait for its flush (0.5 s) anyway; an event waits 0.25 s
+# more at most. At a slower cadence a relay's links carry fewer frames per wake-up, and each wake-up costs:
+# against 0.1 s, about an eighth less per frame at 1,000 nodes every 4 s (BENCHMARKS.md, issue 25's fifth round).
+RELAY_READ_EVERY_S = 0.25
 # An operator's override (seconds, 0 for a loop that reads each socket as it becomes readable), and the most
 # it may be: an event waits that much more before the engine sees it.
 READ_EVERY_ENV = "GRIDWATCH_READ_EVERY_S"
