@@ -31,6 +31,9 @@ CREATE TABLE IF NOT EXISTS incidents (
     detected_at REAL NOT NULL, acted_at REAL, recovered_at REAL, resolved_at REAL,
     acknowledged_by TEXT, incident_json BLOB NOT NULL, fault_at REAL, fault_step INTEGER
 );
+-- The incidents not recovered yet: what the status line counts at every redraw (IncidentStore.open_count),
+-- read from this rather than from every incident of weeks.
+CREATE INDEX IF NOT EXISTS incidents_unrecovered ON incidents(state, silenced_until) WHERE recovered_at IS NULL;
 CREATE TABLE IF NOT EXISTS steps (
     id TEXT PRIMARY KEY, incident TEXT NOT NULL REFERENCES incidents(id), idx INTEGER NOT NULL,
     step TEXT NOT NULL, target TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL,
