@@ -388,6 +388,11 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             sent_total += sent
             got_total += got
             missing += sent - got
+            if os.environ.get("GRIDWATCH_BENCH_MISMATCH") and sent != got:
+                # Each node whose counts differ, with what they were made of (the agents' per-mode counts at
+                # both ends, the console's frames, gaps and bad frames at both ends).
+                print(f"mismatch {mode} {port}: sent {sent}, received {got}; agents {sent0[port]} -> {counts}; "
+                      f"console {a['links'][port]} -> {b['links'][port]}", file=sys.stderr)
             gaps += b["links"][port][1] - a["links"][port][1]
             bad += b["links"][port][2] - a["links"][port][2]
         detect = sorted(t - injected[port.rsplit(":", 1)[-1]] for port, t in b["xids"]
