@@ -25,6 +25,9 @@ node between ticks, in the heatmap's two zooms and two sorts.
     .venv/bin/python benchmarks/bench_console_scale.py [--agents 2500] [--seconds 30] [--summary-every auto] [--redraw-nodes 12500]
         [--modes summary,relayed] [--relays 5] [--profile]
 
+``GRIDWATCH_BENCH_MISMATCH=1`` prints each node whose frames sent and received differ, with the counts at
+both ends of the window (a node given an XID differs by one, its event).
+
 ``--profile`` samples each console and each relay over the window with py-spy (.venv/bin/py-spy; the
 console samples itself, the bench samples the relays) and prints beside the figures where the time went by
 stage (benchmarks/profile_stages.py): SSH read and decrypt, framing, decode, the relay envelope, store,
