@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-# A console's and a relay's. Keys and redraws do not wait for it (a key ends the nap, a timer bounds it); a
-# node's frame waits 0.1 s more at most, an XID reaching the engine within 0.1 s more of the fault (against
-# a target of a second), and a relay's summaries wait for its flush (0.5 s) anyway. Against 25 ms, the
-# direct console spends about a fifth less per node at 1,000 nodes (bench_console_scale.py, BENCHMARKS.md).
+# A console's. Keys and redraws do not wait for it (a key ends the nap, a timer bounds it); a node's frame
+# waits 0.1 s more at most, an XID reaching the engine within 0.1 s more of the fault (against a target of a
+# second). Against 25 ms, the direct console spends about a fifth less per node at 1,000 nodes
+# (bench_console_scale.py, BENCHMARKS.md).
 READ_EVERY_S = 0.1
 # A relay's: no one types at it and its summaries wait for its flush (0.5 s) anyway; an event waits 0.25 s
-# more at most. At a slower cadence a relay's links carry fewer frames per wake-up, and each wake-up costs:
-# against 0.1 s, about an eighth less per frame at 1,000 nodes every 4 s (BENCHMARKS.md, issue 25's fifth round).
+# more at most. Each wake-up costs, and at a slower cadence it carries fewer frames: against 0.1 s, 21.7
+# against 25.0 µs per node carried in one run each at 1,000 nodes (BENCHMARKS.md, issue 25's fifth round).
 RELAY_READ_EVERY_S = 0.25
 # An operator's override (seconds, 0 for a loop that reads each socket as it becomes readable), and the most
 # it may be: an event waits that much more before the engine sees it.

@@ -29,9 +29,10 @@ AUTO: Literal["auto"] = "auto"
 # auto: one summary per sample up to this many nodes, then a second between summaries per this many nodes:
 # at most 250 summaries a second from the fleet until the 5 s cap (1,250 nodes). A console pays ~35 µs of
 # SSH per message whatever it holds, and its frame, store and engine ~20 more: at 1,000 nodes 4 s (with the
-# SSH work of the same round) halved its CPU, 33-38 µs per node per second direct and 22-28 relayed. What it costs: a node's numbers are up to
-# 4 s old in the fleet view, and a node that falls silent is stale after 12 s instead of 6 (events, XIDs
-# and an opened node's samples come at once whatever the cadence). BENCHMARKS.md, issue 25's fifth round.
+# SSH work of the same round) halved its CPU, 33-38 µs per node per second direct and 22-28 relayed. What
+# it costs: a node's numbers are up to 4 s old in the fleet view, and a node that falls silent is stale
+# after 12 s instead of 6 (events, XIDs and an opened node's samples come at once whatever the cadence).
+# BENCHMARKS.md, issue 25's fifth round.
 AUTO_NODES_PER_SECOND = 250
 AUTO_MAX_EVERY = 5.0  # auto: at most this many seconds between summaries (dcgm-exporter collects every 30 s)
 MAX_SUMMARY_EVERY = 60.0  # a node silent for longer is no fleet view
