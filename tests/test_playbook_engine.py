@@ -70,6 +70,55 @@ def test_the_heartbeat_follows_the_stream_in_force_summaries_then_whole_samples_
     assert [(p.incident.node, p.incident.kind) for p in plans] == [("node1", "heartbeat_lost")]
 
 
+def test_a_tick_finds_every_quiet_node_among_many_whatever_their_cadence_in_the_fleets_order() -> None:
+    """A tick reads only the nodes heard from longest ago: nodes on a 1 s tick, on 5 s summaries and back on
+    whole samples must each be lost at their own three intervals, the rack that fell silent together named in
+    the order the nodes joined, and nothing else."""
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks("name: hb\ntrigger: {condition: heartbeat_lost}\nplan: [notify]\n"), clock)
+    names = [f"node{i:03d}" for i in range(300)]
+    for name in names:
+        engine.observe(name, Hello(node=name, ts=clock.now(), interval=1.0))
+    for name in names[:100]:  # a third on summaries every 5 s: a 15 s heartbeat
+        engine.observe(name, Summary(node=name, ts=clock.now(), every=5.0))
+    rack = names[250:260]
+    for step in range(1, 12):  # 11 s: every node but the rack speaks each second, in a shuffled order
+        clock.advance(1.0)
+        for name in reversed(names) if step % 2 else names:
+            if name not in rack and (name not in names[:100] or step % 5 == 0):
+                engine.observe(name, Summary(node=name, ts=clock.now(), every=5.0) if name in names[:100]
+                               else Sample(node=name, ts=clock.now()))
+        plans = engine.tick()
+        if step < 4:
+            assert plans == [], step
+        elif step == 4:  # 4 s > 3 x 1 s: the rack, and only the rack, in the order it joined
+            assert [p.incident.node for p in plans] == rack
+            assert sorted(n.name for n in engine.nodes.values() if n.lost) == rack
+        else:
+            assert plans == [], step  # each loss fires once; the summaries' nodes are inside their 15 s
+    engine.observe(rack[3], Sample(node=rack[3], ts=clock.now()))
+    assert not engine.nodes[rack[3]].lost  # its own frame clears it
+    engine.observe(names[0], Sample(node=names[0], ts=clock.now()))  # node000 back on whole samples: 1 s
+    clock.advance(3.5)  # nobody speaks: each node is judged at its own interval
+    lost = {p.incident.node for p in engine.tick()}
+    assert names[0] in lost and rack[3] in lost and set(names[100:250]) <= lost
+    assert not lost & set(names[1:100])  # 4.5 s into their 15 s
+
+
+def test_a_clock_that_runs_back_loses_no_quiet_node() -> None:
+    """Replay or a test's clock may step back between ticks; the nodes heard "later" at an earlier time are
+    still found when they go quiet."""
+    clock = ManualClock(100.0)
+    engine = Engine(_playbooks("name: hb\ntrigger: {condition: heartbeat_lost}\nplan: [notify]\n"), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"], interval=1.0)
+    assert engine.tick() == []
+    clock.advance(-50.0)
+    engine.observe("10.0.0.2:2222", Sample(node="node2"))  # heard at 50: older than the others' 100
+    assert engine.tick() == []
+    clock.advance(51.0)  # 1 s after the others' last frame, 51 s after node2's
+    assert [p.incident.node for p in engine.tick()] == ["node2"]
+
+
 def test_metric_must_hold_for_its_whole_window() -> None:
     clock = ManualClock(0.0)
     engine = Engine(_playbooks("name: hot\nscope: gpu\ntrigger: {metric: gpu.temperature > 90 for 60s}\n"

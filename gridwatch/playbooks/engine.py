@@ -87,16 +87,16 @@ class Engine(Matching, Planning):
         if isinstance(frame, Summary):
             # Its cadence is the node's heartbeat now (lost after 3 of them). It is read as a
             # sample (isolated, trainer) and made one only if a playbook needs its metrics.
-            node.interval = max(node.hello_interval, frame.every)
+            self._interval_set(node, max(node.hello_interval, frame.every))
         elif isinstance(frame, Sample):
-            node.interval = node.hello_interval  # whole samples again (an operator opened it): one a tick
+            self._interval_set(node, node.hello_interval)  # whole samples again (an operator opened it): one a tick
         if isinstance(frame, Event) and frame.kind in ("condition_held", "condition_cleared"):
             return self._agent_condition(node, frame, now)
         if isinstance(frame, Hello):
             node.hello_ident = self._frame_ident
             node.hearsay = str(frame.agent_version) == HEARSAY_VERSION
             node.hello_interval = frame.interval if frame.interval > 0 else node.hello_interval
-            node.interval = node.hello_interval
+            self._interval_set(node, node.hello_interval)
             node.reported_isolated = frame.isolated
             self._settle_seeded(node, frame.isolated)
             # Stacks are compared on tick, once the hellos that arrive together are all in.
@@ -169,15 +169,18 @@ class Engine(Matching, Planning):
         now = self.clock.now() if now is None else now
         plans: list[Plan] = []
         self.expire_removals(now)
+        heartbeats = self._heartbeat_books()
+        # Only nodes silent past the shortest threshold can be lost or owe a heartbeat; any node found lost
+        # before was silent longer still, so it is among them until a frame of its own clears it.
+        quiet = self._quiet_nodes(now, min([STALE_AFTER_INTERVALS, *(trig.missed for _, trig in heartbeats)]))
         # Every node's state first: nodes that went quiet together must all be
         # known lost before any plan picks the live nodes to restart on.
-        for node in self.nodes.values():
+        for node in quiet:
             lost = now - self._silent_since(node) > STALE_AFTER_INTERVALS * node.interval
             if lost != node.lost:
                 node.lost = lost
                 self._live.clear()
-        heartbeats = self._heartbeat_books()
-        for node in list(self.nodes.values()) if heartbeats else ():
+        for node in quiet if heartbeats else ():
             if node.unheard_via:
                 continue  # its relay is down: the relay's incident, not a lost heartbeat of each node behind it
             silent = now - self._silent_since(node)
@@ -223,7 +226,7 @@ class Engine(Matching, Planning):
             node = self.nodes.get(name)
             if node is None:
                 # Not heard from yet: known only as out, so no heartbeat rule fires for it.
-                node = self.nodes[name] = NodeState(name=name, last_seen=self.clock.now())
+                node = self._add_node(NodeState(name=name, last_seen=self.clock.now()))
             node.removed = node.seeded_out = True
         if restart is not None and incident.job:
             when, nodes = restart
@@ -307,10 +310,10 @@ class Engine(Matching, Planning):
         self._names[source] = name
         node = self.nodes.get(name)
         if node is None:
-            node = self.nodes[name] = NodeState(name=name, endpoint=source)
+            node = self._add_node(NodeState(name=name, endpoint=source, last_seen=now))
             self._sizes = None
             self._live.clear()
-        node.last_seen = now
+        self._heard_from(node, now)
         if node.lost:
             node.lost = False
             self._live.clear()

@@ -18,6 +18,7 @@ import ipaddress
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -30,6 +31,7 @@ from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.sshlink.policy import client_options, weak_key_reason
 from gridwatch.sshlink.stream import LineStream
 from gridwatch.wire import protocol as p
+from gridwatch.wire.heard import HeardOrder
 from gridwatch.wire.names import node_name_refusal
 
 # A relay's link: a half-open one under a quiet relay is closed after three unanswered keepalives.
@@ -100,6 +102,12 @@ class NodeLink:
     read_from_start: bool = False  # the agent restarted: ask for its new boot from its first frame
     via: Endpoint | None = None  # the relay that carries this node's stream; None: a link of our own
     barred: bool = False  # through a relay: its last hello was refused, so its frames are dropped
+    counted: float = 0.0  # the interval its staleness is counted under (Fleet._recount); 0: not yet
+
+    @property
+    def interval(self) -> float:
+        """Its heartbeat: the hello's tick, or the summaries' cadence while they come."""
+        return max(self.hello.interval if self.hello else 1.0, self.every)
 
 
 @dataclass
@@ -225,6 +233,10 @@ class Fleet:
         # Request id -> (the link asked, its answer): only that link may answer it.
         self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
         self._claims: dict[str, Endpoint] = {}  # pinned node name -> the link that holds it
+        # The links by their last frame, oldest first, and how many have each interval: the staleness walk
+        # reads only the links silent long enough to be stale, not every link every second.
+        self._heard_order: HeardOrder[Endpoint, NodeLink] = HeardOrder()
+        self._intervals: Counter[float] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
         self._stopping = False
@@ -689,6 +701,8 @@ class Fleet:
             link.last_seq = 0
             link.read_from_start = True
         link.last_frame_at = self.options.clock()
+        self._heard_order.heard(link.endpoint, link, link.last_frame_at)
+        self._recount(link)
         self.on_frame(link, hello)
         if lost is not None and not self.options.relaying:
             self.on_frame(link, lost)
@@ -770,7 +784,10 @@ class Fleet:
     def _heard(self, link: NodeLink) -> None:
         """``link``'s node spoke: counted, its time kept, and a stale link (or one down behind a relay) up again."""
         link.frames += 1
-        link.last_frame_at = self.options.clock()
+        link.last_frame_at = now = self.options.clock()
+        self._heard_order.heard(link.endpoint, link, now)
+        if not link.counted:
+            self._recount(link)
         if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
             self._set(link, LinkState.CONNECTED)
 
@@ -788,8 +805,9 @@ class Fleet:
         follows = min(after, seq - 1) if after is not None else (link.last_seq if link.every > 0 else seq - 1)
         if link.last_seq and follows > link.last_seq:
             link.gaps += follows - link.last_seq
-        if every is not None:
+        if every is not None and every != link.every:
             link.every = every
+            self._recount(link)
         link.last_seq = seq
         return True
 
@@ -807,14 +825,27 @@ class Fleet:
                 return
         self.on_passing(link, head, line)
 
+    def _recount(self, link: NodeLink) -> None:
+        """Count ``link`` under its interval now (it was heard, said hello, or changed cadence)."""
+        interval, counts = link.interval, self._intervals
+        if interval != link.counted:
+            if link.counted:
+                counts[link.counted] -= 1
+                if counts[link.counted] <= 0:
+                    del counts[link.counted]
+            counts[interval] += 1
+            link.counted = interval
+
     async def _watch_staleness(self) -> None:
         o = self.options
         while True:
             now = o.clock()
-            for link in self.links.values():
+            # Only a link silent past the shortest interval's threshold can be stale or dead.
+            floor = min(o.stale_intervals, o.dead_intervals) * min(self._intervals, default=1.0)
+            for link in self._heard_order.quiet(now, floor):
                 if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
                     continue
-                interval = max(link.hello.interval if link.hello else 1.0, link.every)
+                interval = link.interval
                 silent = now - link.last_frame_at
                 if silent > o.dead_intervals * interval:
                     conn = self._conns.get(link.endpoint) if link.via is None else None
@@ -823,6 +854,6 @@ class Fleet:
                         conn.close()
                 elif silent > o.stale_intervals * interval and link.state == LinkState.CONNECTED:
                     self._set(link, LinkState.STALE, f"{link.name}: no frame for {silent:.1f} s")
-            # A walk over every link: four times a second for a small fleet, once for a large one (a node
-            # is stale only after three of its intervals, seconds, so a second later is no news lost).
+            # Four times a second for a small fleet, once for a large one (a node is stale only after three of
+            # its intervals, seconds, so a second later is no news lost).
             await asyncio.sleep(0.25 if len(self.links) < 500 else 1.0)

@@ -7,7 +7,7 @@ series once per tick. Nothing here imports textual.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Collection
 from typing import TypeVar
 
@@ -44,6 +44,7 @@ from gridwatch.console.fleet.rows import (
     value_key,
 )
 from gridwatch.playbooks.clock import Clock, ManualClock, SystemClock  # one clock for store and engine
+from gridwatch.wire.heard import HeardOrder
 from gridwatch.wire.protocol import (
     HEARSAY_VERSION,
     STALE_AFTER_INTERVALS,
@@ -114,7 +115,7 @@ class StateStore:
         self._dirty: dict[str, NodeState] = {}  # for the fleet's counts
         self._dirty_marks: dict[str, NodeState] = {}  # for the status order
         self._touches = 0
-        self._framed: OrderedDict[str, NodeState] = OrderedDict()  # nodes by their last frame, oldest first
+        self._framed: HeardOrder[str, NodeState] = HeardOrder()  # nodes by their last frame, oldest first
         self._counted: dict[str, _Counted] = {}
         self._live = 0  # nodes whose link is up and that sent a frame: ok unless their last frame is too old
         self._gpus = 0
@@ -178,9 +179,10 @@ class StateStore:
         node = self.nodes.get(key) if key else None
         if node is None:
             node = self.node(key or str(frame.node), str(frame.node) or None)
-        self._touch(node, framed=True)
+        self._touch(node)
         now = self.clock.now()
         node.last_frame_at = now
+        self._framed.heard(node.key, node, now)
         self.generation += 1
         if isinstance(frame, Summary):  # the common frame at scale: asked first
             # Read as a sample (what it lacks is N/A); its cadence sets when the node counts as stale.
@@ -353,8 +355,8 @@ class StateStore:
 
     # -------------------------------------------- what the views read, kept from the nodes touched
 
-    def _touch(self, node: NodeState, framed: bool = False) -> None:
-        """``node`` is about to change (``framed``: it sent a frame now); the views fold it in when they next read.
+    def _touch(self, node: NodeState) -> None:
+        """``node`` is about to change; the views fold it in when they next read.
 
         O(1) a frame: it only notes the node, so a tick costs O(rows drawn + nodes changed), not O(fleet).
         """
@@ -362,9 +364,6 @@ class StateStore:
         self._dirty[key] = node
         self._dirty_marks[key] = node
         self._touches += 1
-        if framed:
-            self._framed[key] = node
-            self._framed.move_to_end(key)  # frames come in time order: the front is the oldest last frame
 
     def _fold(self) -> None:
         """Count the nodes touched since the last read again (link up, GPUs, cadence, role): O(nodes touched)."""
@@ -400,17 +399,9 @@ class StateStore:
             return []
         # Past this age a node may be stale; younger ones (all after the first such in frame order) are not.
         floor = STALE_AFTER_INTERVALS * min(self._intervals)
-        quiet = []
-        for node in self._framed.values():
-            last = node.last_frame_at
-            if last is None:
-                continue
-            age = now - last
-            if age <= floor:
-                break
-            if node.link not in _LINK_QUIET and age > STALE_AFTER_INTERVALS * node.interval:
-                quiet.append(node)
-        return quiet
+        return [node for node in self._framed.quiet(now, floor)
+                if node.link not in _LINK_QUIET and node.last_frame_at is not None
+                and now - node.last_frame_at > STALE_AFTER_INTERVALS * node.interval]
 
     def role_counts(self) -> dict[str, int]:
         """How many nodes gave this console each role (nodes not heard from yet count in none)."""
@@ -427,11 +418,8 @@ class StateStore:
         now = self.clock.now()
         quiet = self._gone_quiet(now)  # counts the nodes touched first
         connected = self._live - len(quiet)
-        oldest: float | None = None
-        for node in self._framed.values():  # the front sent its last frame longest ago
-            if node.last_frame_at is not None:
-                oldest = now - node.last_frame_at
-                break
+        first = self._framed.oldest()
+        oldest = None if first is None else now - first[0]
         total = len(self.nodes)
         hearsay = sum(1 for key in self._hearsay if key in self.nodes)
         return FleetSummary(connected, total, oldest, self._gpus, total - connected, hearsay)

@@ -1,0 +1,66 @@
+"""Who was heard from longest ago: the nodes a silence check need look at, without walking the fleet.
+
+A console, its engine and its links each ask a few times a second which nodes have gone quiet. Walking every
+node for it costs O(fleet) each time, whether or not anyone is quiet (at 1,000 nodes a sizeable share of an
+idle console's CPU). Frames arrive in time order, so keeping each node at the end of an ordered map when it is
+heard puts the quietest at the front: a check reads from the front and stops at the first node heard recently.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class HeardOrder(Generic[K, V]):
+    """Values by key, in the order they were last heard from (oldest first), with when.
+
+    A clock that runs backwards (a test's, a replay's) only costs a sort at the next read: the order stays exact.
+    """
+
+    __slots__ = ("_items", "_last", "_ordered")
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._last = float("-inf")  # when the newest was heard
+        self._ordered = True  # False once a time came in earlier than the newest: sorted again when read
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def heard(self, key: K, value: V, at: float) -> None:
+        """``key`` (``value``) was heard from at ``at``: it moves to the end."""
+        items = self._items
+        items[key] = (at, value)
+        items.move_to_end(key)
+        if at >= self._last:
+            self._last = at
+        else:
+            self._ordered = False
+
+    def quiet(self, now: float, floor: float) -> list[V]:
+        """The values last heard more than ``floor`` seconds before ``now``, oldest first: O(their number)."""
+        self._order()
+        quiet = []
+        for at, value in self._items.values():
+            if now - at <= floor:
+                break
+            quiet.append(value)
+        return quiet
+
+    def oldest(self) -> tuple[float, V] | None:
+        """The value heard from longest ago, with when; None when there is none."""
+        self._order()
+        for found in self._items.values():
+            return found
+        return None
+
+    def _order(self) -> None:
+        if not self._ordered:
+            self._items = OrderedDict(sorted(self._items.items(), key=lambda kv: kv[1][0]))
+            self._last = max((at for at, _ in self._items.values()), default=float("-inf"))
+            self._ordered = True
