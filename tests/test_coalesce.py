@@ -122,3 +122,17 @@ def test_what_another_thread_hands_the_loop_ends_its_nap_at_once() -> None:
         assert loop.run_until_complete(main()) < 4  # at once (about 0.05 s), not at the timer
     finally:
         loop.close()
+
+
+def test_a_process_that_reads_many_links_walks_its_young_objects_every_10000_not_700() -> None:
+    # The console and the relay run on run_coalesced: the collector's setting comes with it (a process of its own,
+    # so this test's worker keeps CPython's default).
+    import subprocess
+    import sys
+
+    code = ("import asyncio, gc\n"
+            "from gridwatch.sshlink.coalesce import run_coalesced\n"
+            "async def main(): return gc.get_threshold()\n"
+            "print(gc.get_threshold(), run_coalesced(main(), 0))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.split() == ["(700,", "10,", "10)", "(10000,", "10,", "10)"]

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from gridwatch.sshlink.collector import collect_less_often
+
 # A console's. Keys and redraws do not wait for it (a key ends the nap, a timer bounds it); a node's frame
 # waits 0.1 s more at most, an XID reaching the engine within 0.1 s more of the fault (against a target of a
 # second). Against 25 ms, the direct console spends about a fifth less per node at 1,000 nodes
@@ -110,7 +112,9 @@ def coalescing_loop(period: float = READ_EVERY_S) -> asyncio.AbstractEventLoop:
 
 
 def run_coalesced(main: Coroutine[Any, Any, _T], period: float | None = None) -> _T:
-    """``asyncio.run(main)`` on a loop that reads its sockets at most every ``period`` seconds (:func:`read_every`)."""
+    """``asyncio.run(main)`` on a loop that reads its sockets at most every ``period`` seconds (:func:`read_every`),
+    in a process whose garbage collector walks its young objects less often (:mod:`gridwatch.sshlink.collector`)."""
     every = read_every() if period is None else period
+    collect_less_often()
     with asyncio.Runner(loop_factory=lambda: coalescing_loop(every)) as runner:
         return runner.run(main)
