@@ -29,3 +29,18 @@ def test_a_time_earlier_than_the_newest_keeps_the_order_exact() -> None:
 
 def test_an_empty_order_has_no_oldest() -> None:
     assert HeardOrder[str, int]().oldest() is None
+
+
+def test_the_shortest_interval_follows_each_keys_latest() -> None:
+    order: HeardOrder[str, str] = HeardOrder()
+    assert order.shortest(1.0) == 1.0 and not order.counted("a")  # none given: the caller's default
+    order.every("a", 5.0)
+    order.every("b", 5.0)
+    order.every("c", 2.0)
+    assert order.shortest(1.0) == 2.0 and order.counted("c")
+    order.every("c", 5.0)  # back on summaries
+    assert order.shortest(1.0) == 5.0
+    order.every("a", 0.5)
+    order.every("a", 0.5)  # said twice: counted once
+    order.every("a", 5.0)
+    assert order.shortest(1.0) == 5.0

@@ -9,7 +9,7 @@ supersede and close incidents and keep the indexes over them; the matching half
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -132,10 +132,9 @@ class EngineCore:
         self.clock = clock
         self.playbooks: tuple[Playbook, ...] = tuple(playbooks)
         self.nodes: dict[str, NodeState] = {}
-        # The nodes by their last frame, oldest first, and how many nodes have each interval: a tick reads only
-        # those quiet long enough to be lost (see _quiet_nodes), not every node twice a second.
+        # The nodes by their last frame, oldest first, with their intervals: a tick reads only those quiet long
+        # enough to be lost (see _quiet_nodes), not every node twice a second.
         self._heard: HeardOrder[str, NodeState] = HeardOrder()
-        self._intervals: Counter[float] = Counter()
         self._born: dict[str, int] = {}  # node -> its place in ``nodes`` (a tick's nodes keep the fleet's order)
         self._ticked_at = float("-inf")
         self._names: dict[str, str] = {}  # endpoint -> node name
@@ -259,8 +258,8 @@ class EngineCore:
         """A node first known now (heard from, or taken back out after a restart)."""
         self.nodes[node.name] = node
         self._born[node.name] = len(self._born)
-        self._intervals[node.interval] += 1
         self._heard.heard(node.name, node, node.last_seen)
+        self._heard.every(node.name, node.interval)
         return node
 
     def _heard_from(self, node: NodeState, now: float) -> None:
@@ -268,23 +267,17 @@ class EngineCore:
         self._heard.heard(node.name, node, now)
 
     def _interval_set(self, node: NodeState, interval: float) -> None:
-        """``node``'s heartbeat is ``interval`` from now on (counted, so a tick knows the shortest)."""
-        old = node.interval
-        if interval != old:
-            counts = self._intervals
-            counts[old] -= 1
-            if counts[old] <= 0:
-                del counts[old]
-            counts[interval] += 1
-            node.interval = interval
+        """``node``'s heartbeat is ``interval`` from now on (so a tick knows the shortest)."""
+        node.interval = interval
+        self._heard.every(node.name, interval)
 
     def _quiet_nodes(self, now: float, factor: float) -> list[NodeState]:
         """The nodes silent longer than ``factor`` times the shortest interval, in the fleet's order: every node
         that may be lost or owe a heartbeat; O(those), not O(fleet). A clock that ran back reads every node."""
-        if now < self._ticked_at or not self._intervals:
+        if now < self._ticked_at:
             quiet = list(self.nodes.values())
         else:
-            quiet = self._heard.quiet(now, factor * min(self._intervals))
+            quiet = self._heard.quiet(now, factor * self._heard.shortest(1.0))
             if len(quiet) > 1:
                 quiet.sort(key=lambda node: self._born[node.name])
         self._ticked_at = now

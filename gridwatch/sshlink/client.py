@@ -18,7 +18,6 @@ import ipaddress
 import random
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -102,7 +101,6 @@ class NodeLink:
     read_from_start: bool = False  # the agent restarted: ask for its new boot from its first frame
     via: Endpoint | None = None  # the relay that carries this node's stream; None: a link of our own
     barred: bool = False  # through a relay: its last hello was refused, so its frames are dropped
-    counted: float = 0.0  # the interval its staleness is counted under (Fleet._recount); 0: not yet
 
     @property
     def interval(self) -> float:
@@ -233,10 +231,9 @@ class Fleet:
         # Request id -> (the link asked, its answer): only that link may answer it.
         self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
         self._claims: dict[str, Endpoint] = {}  # pinned node name -> the link that holds it
-        # The links by their last frame, oldest first, and how many have each interval: the staleness walk
-        # reads only the links silent long enough to be stale, not every link every second.
+        # The links by their last frame, oldest first, with their intervals: the staleness walk reads only the
+        # links silent long enough to be stale, not every link every second.
         self._heard_order: HeardOrder[Endpoint, NodeLink] = HeardOrder()
-        self._intervals: Counter[float] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
         self._stopping = False
@@ -702,7 +699,7 @@ class Fleet:
             link.read_from_start = True
         link.last_frame_at = self.options.clock()
         self._heard_order.heard(link.endpoint, link, link.last_frame_at)
-        self._recount(link)
+        self._heard_order.every(link.endpoint, link.interval)
         self.on_frame(link, hello)
         if lost is not None and not self.options.relaying:
             self.on_frame(link, lost)
@@ -786,8 +783,8 @@ class Fleet:
         link.frames += 1
         link.last_frame_at = now = self.options.clock()
         self._heard_order.heard(link.endpoint, link, now)
-        if not link.counted:
-            self._recount(link)
+        if not self._heard_order.counted(link.endpoint):  # a frame ahead of its hello
+            self._heard_order.every(link.endpoint, link.interval)
         if link.state == LinkState.STALE or (link.via is not None and link.state == LinkState.DOWN):
             self._set(link, LinkState.CONNECTED)
 
@@ -807,7 +804,7 @@ class Fleet:
             link.gaps += follows - link.last_seq
         if every is not None and every != link.every:
             link.every = every
-            self._recount(link)
+            self._heard_order.every(link.endpoint, link.interval)
         link.last_seq = seq
         return True
 
@@ -825,23 +822,12 @@ class Fleet:
                 return
         self.on_passing(link, head, line)
 
-    def _recount(self, link: NodeLink) -> None:
-        """Count ``link`` under its interval now (it was heard, said hello, or changed cadence)."""
-        interval, counts = link.interval, self._intervals
-        if interval != link.counted:
-            if link.counted:
-                counts[link.counted] -= 1
-                if counts[link.counted] <= 0:
-                    del counts[link.counted]
-            counts[interval] += 1
-            link.counted = interval
-
     async def _watch_staleness(self) -> None:
         o = self.options
         while True:
             now = o.clock()
             # Only a link silent past the shortest interval's threshold can be stale or dead.
-            floor = min(o.stale_intervals, o.dead_intervals) * min(self._intervals, default=1.0)
+            floor = min(o.stale_intervals, o.dead_intervals) * self._heard_order.shortest(1.0)
             for link in self._heard_order.quiet(now, floor):
                 if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
                     continue

@@ -8,7 +8,7 @@ heard puts the quietest at the front: a check reads from the front and stops at 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -17,17 +17,20 @@ V = TypeVar("V")
 
 
 class HeardOrder(Generic[K, V]):
-    """Values by key, in the order they were last heard from (oldest first), with when.
+    """Values by key, in the order they were last heard from (oldest first), with when; and each key's interval
+    (how often it should be heard), counted so that the shortest is known without a walk.
 
     A clock that runs backwards (a test's, a replay's) only costs a sort at the next read: the order stays exact.
     """
 
-    __slots__ = ("_items", "_last", "_ordered")
+    __slots__ = ("_items", "_last", "_ordered", "_every", "_intervals")
 
     def __init__(self) -> None:
         self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self._last = float("-inf")  # when the newest was heard
         self._ordered = True  # False once a time came in earlier than the newest: sorted again when read
+        self._every: dict[K, float] = {}  # key -> its interval
+        self._intervals: Counter[float] = Counter()  # interval -> how many keys have it
 
     def __len__(self) -> int:
         return len(self._items)
@@ -41,6 +44,27 @@ class HeardOrder(Generic[K, V]):
             self._last = at
         else:
             self._ordered = False
+
+    def every(self, key: K, interval: float) -> None:
+        """``key`` should be heard every ``interval`` seconds from now on."""
+        old = self._every.get(key)
+        if old == interval:
+            return
+        counts = self._intervals
+        if old is not None:
+            counts[old] -= 1
+            if counts[old] <= 0:
+                del counts[old]
+        counts[interval] += 1
+        self._every[key] = interval
+
+    def counted(self, key: K) -> bool:
+        """Whether ``key``'s interval was given."""
+        return key in self._every
+
+    def shortest(self, default: float) -> float:
+        """The shortest interval given; ``default`` when none was."""
+        return min(self._intervals, default=default)
 
     def quiet(self, now: float, floor: float) -> list[V]:
         """The values last heard more than ``floor`` seconds before ``now``, oldest first: O(their number)."""
