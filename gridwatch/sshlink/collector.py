@@ -5,6 +5,8 @@ A console's redraw, or a pass over a few hundred links' frames, holds more than 
 nodes the console walked them about once a second, each walk bringing those objects back into the caches
 just before their reference counts freed nearly all of them anyway. At 10,000 such moments never reach the
 threshold; what is left to collect is the cyclic garbage, at most that many objects held a little longer.
+The oldest generation is the console's own business: it freezes what lives as long as it once its links are
+up (gridwatch/console/runtime/collector.py), so its full walks skip them.
 Measured with benchmarks/bench_console_scale.py at 1,000 nodes (BENCHMARKS.md, issue 25's sixth round).
 """
 
