@@ -21,6 +21,7 @@ from typing import Any
 import asyncssh
 from loguru import logger
 
+from gridwatch.sshlink import lean
 from gridwatch.sshlink.hostlist import Endpoint
 from gridwatch.sshlink.links import (
     MAX_ERROR_CHARS,
@@ -83,7 +84,7 @@ class Fleet:
             self.relays[relay] = RelayStatus(endpoint=relay, carried=carried)
         self._relay_procs: dict[Endpoint, LineStream] = {}
         self._procs: dict[Endpoint, LineStream] = {}
-        self._conns: dict[Endpoint, asyncssh.SSHClientConnection] = {}
+        self._conns: dict[Endpoint, asyncssh.SSHClientConnection | lean.LeanConnection] = {}
         # Request id -> (the link asked, its answer): only that link may answer it.
         self._pending: dict[str, tuple[Endpoint, asyncio.Future[Any]]] = {}
         self._claims: dict[str, Endpoint] = {}  # pinned node name -> the link that holds it
@@ -296,7 +297,7 @@ class Fleet:
         # Jitter so 1,000 consoles' links do not reconnect in lockstep after an outage.
         return base * o.rng.uniform(0.5, 1.0)
 
-    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection],
+    async def _open(self, endpoint: Endpoint, conns: dict[Endpoint, asyncssh.SSHClientConnection | lean.LeanConnection],
                     keepalive: float = 0.0) -> LineStream:
         """An SSH connection to ``endpoint`` (kept in ``conns`` for the caller to close) and its gridwatch stream.
 
@@ -306,6 +307,21 @@ class Fleet:
         one scheduled per message). A relay's link keeps them: its silence is not watched, its nodes' is.
         """
         o = self.options
+        if not keepalive and lean.AVAILABLE and o.ssh_client == "auto" and self._client_keys:
+            # An agent's link: its packets read by libssh2 (a relay's keeps asyncssh's keepalives).
+            try:
+                lean_conn, stream = await asyncio.wait_for(
+                    lean.open_lean(endpoint, conns, username=o.username, key=self._client_keys[0],
+                                   known_hosts=o.known_hosts, subsystem=p.SUBSYSTEM),
+                    o.connect_timeout)
+            except lean.Unexplained:
+                # libssh2 keeps no far end's reason: asyncssh tries this once, and opens the link or says why not.
+                failed = conns.pop(endpoint, None)
+                if failed is not None:
+                    failed.close()
+            else:
+                self._refuse_weak(endpoint, lean_conn.get_server_host_key())
+                return stream
         conn = await asyncio.wait_for(
             asyncssh.connect(
                 endpoint.host,
@@ -322,18 +338,20 @@ class Fleet:
             o.connect_timeout,
         )
         conns[endpoint] = conn
-        host_key = conn.get_server_host_key()
+        self._refuse_weak(endpoint, conn.get_server_host_key())
+        _, session = await asyncio.wait_for(
+            conn.create_session(LineStream, subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
+        assert isinstance(session, LineStream)
+        return session
+
+    def _refuse_weak(self, endpoint: Endpoint, host_key: asyncssh.SSHKey | None) -> None:
         weak = weak_key_reason(host_key) if host_key is not None else None
         if weak:
             # Pinned or not, a key this weak proves little about who answers.
             raise LinkRefused(
                 f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
-                f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {o.known_hosts}"
+                f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {self.options.known_hosts}"
             )
-        _, session = await asyncio.wait_for(
-            conn.create_session(LineStream, subsystem=p.SUBSYSTEM, encoding=None), o.connect_timeout)
-        assert isinstance(session, LineStream)
-        return session
 
     async def _connect_and_stream(self, link: NodeLink) -> None:
         o = self.options

@@ -134,6 +134,9 @@ class FleetOptions:
     # on_frame (they are the console's), and an agent's restart makes no gap here (the console counts it
     # against its own last seq when the new boot's hello reaches it).
     relaying: bool = False
+    # Who reads an agent's packets: "auto" is libssh2 where ssh2-python is installed (gridwatch.sshlink.lean:
+    # half asyncssh's CPU per message), "asyncssh" always asyncssh. A relay's link is asyncssh's either way.
+    ssh_client: str = "auto"
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 

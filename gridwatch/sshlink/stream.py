@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 import asyncssh
 
 from gridwatch.wire.framing import LineBuffer
 
 STDERR_KEPT = 4096  # what the far end said on stderr, for the sentence when it closes before its hello
+
+
+class Channel(Protocol):
+    """What a stream writes to and closes: asyncssh's channel, or a libssh2 link (gridwatch.sshlink.lean)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class LineStream(asyncssh.SSHClientSession[bytes]):
@@ -34,14 +43,14 @@ class LineStream(asyncssh.SSHClientSession[bytes]):
         self.handler: Callable[[bytes], None] | None = None
         self.on_oversized: Callable[[int], None] | None = None
         self.on_chunk: Callable[[], None] | None = None  # each chunk received, once a handler is set
-        self.channel: asyncssh.SSHClientChannel[bytes] | None = None
+        self.channel: Channel | None = None
         loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = loop.create_future()
         self._first: asyncio.Future[None] = loop.create_future()
 
     # ------------------------------------------------------------ asyncssh's callbacks
 
-    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+    def connection_made(self, chan: Channel) -> None:
         self.channel = chan
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:

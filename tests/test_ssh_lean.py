@@ -1,0 +1,137 @@
+"""Agents' links read by libssh2 (gridwatch.sshlink.lean): the same frames, requests and sentences as asyncssh's,
+through a rekey, and a closed link's leftovers never reach the next link given its descriptor. Real SSH on loopback:
+real agents and asyncssh servers of the tests' own."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any
+
+import asyncssh
+import pytest
+
+from gridwatch.sshlink import lean
+from gridwatch.sshlink.client import LinkState
+from gridwatch.sshlink.hostlist import parse_endpoints
+from gridwatch.sshlink.keys import init_keys
+from gridwatch.wire import protocol as p
+from tests.conftest import start_agent, stop_agent, wait_until
+from tests.support_stream import fake_agent, make_fleet, of_type
+
+pytestmark = pytest.mark.skipif(not lean.AVAILABLE, reason="ssh2-python is not installed: asyncssh reads every link")
+
+
+@pytest.mark.parametrize("client", ["auto", "asyncssh"])
+async def test_either_client_streams_a_real_agent_and_carries_its_requests(keys, client: str) -> None:
+    ra = await start_agent(keys, gpus=2, interval=0.1)
+    fleet, frames = make_fleet(ra, keys, ssh_client=client)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: len(of_type(frames, p.Sample)) >= 5, what="five samples")
+        conn = fleet._conns[link.endpoint]  # noqa: SLF001 - which library carries it is the point here
+        assert isinstance(conn, lean.LeanConnection) == (client == "auto")
+        result = await fleet.action(link.name, "ping")
+        assert result.ok, result.message
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+
+
+@pytest.mark.parametrize("client", ["auto", "asyncssh"])
+async def test_either_client_refuses_an_unknown_host_key_and_a_key_the_agent_does_not_take(keys, tmp_path, client) -> None:
+    ra = await start_agent(keys)
+    stranger = init_keys(tmp_path / "stranger", shared_host_key=True)
+    try:
+        # The agent's host key is not in this known_hosts: refused before our key is offered.
+        fleet, _ = make_fleet(ra, keys, known=stranger.known_hosts, ssh_client=client)
+        await fleet.start()
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: link.state == LinkState.REFUSED, what="refused for its host key")
+        assert "host key not trusted" in (link.last_error or "")
+        await fleet.stop()
+        # Our key is not among the agent's viewers or operators.
+        fleet, _ = make_fleet(ra, keys, key=stranger.operator_key, ssh_client=client)
+        await fleet.start()
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: link.state == LinkState.REFUSED, what="refused for our key")
+        assert "refused our key" in (link.last_error or "")
+        await fleet.stop()
+    finally:
+        await stop_agent(ra)
+
+
+async def test_a_link_keeps_streaming_through_the_agents_rekeys(keys) -> None:
+    """asyncssh's server rekeys after rekey_bytes; libssh2 answers it in the middle of reading, without blocking."""
+    frames_sent = 400
+    line = p.encode(p.Event(kind=p.Text("log"), message=p.Text("x" * 700)))
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("rekeyed"), interval=1.0)))
+        for _ in range(frames_sent):
+            process.stdout.write(line)
+            await process.stdout.drain()
+        await asyncio.Event().wait()
+
+    # About 300 KB sent: a rekey every 32 KB is ten of them.
+    server = await asyncssh.create_server(
+        _AnyKey, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)], process_factory=script, encoding=None,
+        rekey_bytes=32 * 1024)
+    port = server.sockets[0].getsockname()[1]
+    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: len(of_type(frames, p.Event)) >= frames_sent, what="every frame through the rekeys")
+        assert link.state == LinkState.CONNECTED and link.bad_frames == 0
+        assert isinstance(fleet._conns[link.endpoint], lean.LeanConnection)  # noqa: SLF001
+    finally:
+        await fleet.stop()
+        server.close()
+
+
+async def test_a_closed_links_leftovers_never_reach_the_next_link_on_its_descriptor(keys) -> None:
+    """libssh2 sends a channel's close when the channel is freed: were the closed link's descriptor reused by then,
+    those bytes would land in the next link's stream and the agent would drop it (a MAC failure)."""
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("n"), interval=1.0)))
+        while True:
+            process.stdout.write(p.encode(p.Event(kind=p.Text("log"), message=p.Text("tick"))))
+            await asyncio.sleep(0.01)
+
+    server = await fake_agent(keys, script)
+    port = server.sockets[0].getsockname()[1]
+    endpoint = parse_endpoints(f"127.0.0.1:{port}")[0]
+    key = asyncssh.read_private_key(str(keys.operator_key))
+    first: dict[Any, Any] = {}
+    conn, _ = await lean.open_lean(endpoint, first, username="gridwatch", key=key, known_hosts=str(keys.known_hosts),
+                                   subsystem=p.SUBSYSTEM)
+    held = conn._chan  # noqa: SLF001 - the channel outlives its link, as one in a traceback or a frame can
+    conn.close()
+    second: dict[Any, Any] = {}
+    conn2, stream = await lean.open_lean(endpoint, second, username="gridwatch", key=key,
+                                         known_hosts=str(keys.known_hosts), subsystem=p.SUBSYSTEM)
+    lines: list[bytes] = []
+    stream.start(lines.append)
+    try:
+        del held
+        gc.collect()  # the old channel freed now: libssh2 sends its close on its own (shut) socket
+        count = len(lines)
+        await wait_until(lambda: len(lines) >= count + 20, what="twenty more frames on the second link")
+        assert not stream.closed.done()
+    finally:
+        conn2.close()
+        server.close()
+
+
+class _AnyKey(asyncssh.SSHServer):
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        return True
