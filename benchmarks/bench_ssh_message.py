@@ -13,8 +13,9 @@ per period on the loop that reads its sockets together at most that often (gridw
 console's and a relay's 0.1 s, 25 ms before), against the quiet sender. Each is measured ``--runs`` times, interleaved:
 the receiver's CPU over the window divided by the lines it received. Each period is measured twice more: with
 asyncssh as it is, and ``+kept`` with the per-packet work gridwatch's links leave out (gridwatch.sshlink.fastpath:
-AES-GCM kept per cipher, no packet log formatted below asyncssh's debug level 3). Nothing else of gridwatch runs:
-this is the transport's own cost, the floor under a console's per-message figure.
+AES-GCM kept per cipher, no packet log formatted below asyncssh's debug level 3), and once more ``lean``: the
+packets read by libssh2 in C (gridwatch.sshlink.lean, the console's and the relay's agents' links now). Nothing
+else of gridwatch runs: this is the transport's own cost, the floor under a console's per-message figure.
 
     .venv/bin/python benchmarks/bench_ssh_message.py [--links 500] [--every 1] [--seconds 15] [--runs 2]
         [--read-every 0.025,0.1]
@@ -28,12 +29,14 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PORT0 = 24_000
+KNOWN_HOSTS = Path(tempfile.gettempdir()) / f"bench_ssh_message.{os.getuid()}.known_hosts"
 
 
 def serve(links: int, every: float, size: int, quiet: bool) -> None:
@@ -62,6 +65,7 @@ def serve(links: int, every: float, size: int, quiet: bool) -> None:
 
     async def main() -> None:
         key = asyncssh.generate_private_key("ssh-ed25519")
+        KNOWN_HOSTS.write_text(f"127.0.0.1 {key.export_public_key().decode()}")  # for the libssh2 reader
         for i in range(links):
             await asyncssh.create_server(Server, "127.0.0.1", PORT0 + i, server_host_keys=[key],
                                          process_factory=session, encoding=None)
@@ -82,8 +86,22 @@ def receive(links: int, seconds: float, how: str) -> None:
         fastpath.install()
         how = how.removesuffix("+kept")
     count = [0]
+    client_key = asyncssh.generate_private_key("ssh-ed25519")  # the servers take anyone: no authentication
 
     async def one(i: int) -> None:
+        if how.startswith("lean"):  # gridwatch.sshlink.lean: the packets read by libssh2, lines by LineStream
+            from gridwatch.sshlink import lean
+            from gridwatch.sshlink.hostlist import Endpoint
+
+            _, stream = await lean.open_lean(Endpoint("127.0.0.1", PORT0 + i), {}, username="bench", key=client_key,
+                                             known_hosts=str(KNOWN_HOSTS), subsystem="gridwatch")
+
+            def counted(line: bytes) -> None:
+                count[0] += 1
+
+            stream.start(counted)
+            await stream.closed
+            return
         conn = await asyncssh.connect("127.0.0.1", PORT0 + i, known_hosts=None, username="bench", client_keys=None,
                                       encryption_algs=["aes128-gcm@openssh.com"], preferred_auth="none")
         if how == "stream":
@@ -112,7 +130,7 @@ def receive(links: int, seconds: float, how: str) -> None:
         print(f"{n} {cpu}", flush=True)
         os._exit(0)
 
-    if how.startswith("callback@"):
+    if how.startswith(("callback@", "lean@")):
         from gridwatch.sshlink.coalesce import run_coalesced
 
         run_coalesced(main(), float(how.split("@")[1]))
@@ -148,8 +166,8 @@ def main() -> int:
             server = subprocess.Popen([*me, "--role", "serve", "--how", sender], stdout=subprocess.PIPE, text=True)
             try:
                 assert server.stdout is not None and server.stdout.readline().strip() == "up"
-                periods = [f"callback@{float(x):g}{kept}" for x in args.read_every.split(",") if x.strip()
-                           for kept in ("", "+kept")]
+                periods = [f"{reader}@{float(x):g}{kept}" for x in args.read_every.split(",") if x.strip()
+                           for reader, kept in (("callback", ""), ("callback", "+kept"), ("lean", ""))]
                 for how in ("stream", "callback", *(periods if sender == "quiet" else ())):
                     out = subprocess.run([*me, "--role", "receive", "--how", how], capture_output=True, text=True,
                                          timeout=args.seconds + 120, check=True).stdout.split()

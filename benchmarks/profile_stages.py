@@ -32,7 +32,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("goodput", ("goodput_tracker.py", "console/fleet/jobstate.py")),
     ("engine", ("gridwatch/playbooks/",)),
     ("framing", ("_on_line", "LineBuffer", "sshlink/lines.py", "asyncio/streams.py", "readuntil")),
-    ("SSH read and decrypt", ("asyncssh/", "cryptography", "libcrypto", "libssl", "_openssl")),
+    ("SSH read and decrypt", ("asyncssh/", "cryptography", "libcrypto", "libssl", "_openssl", "sshlink/lean.py",
+                              "ssh2/", "libssh2")),
     ("on_frame and its hooks", ("console/runtime/frames.py", "serve_console.<locals>.on_frame")),
     # Once a tick, not per frame: the views' paint and the runtime's own ticks (engine, recoveries, hangs).
     ("views' draw (tick)", ("gridwatch/console/tui/",)),

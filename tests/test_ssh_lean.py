@@ -135,3 +135,68 @@ class _AnyKey(asyncssh.SSHServer):
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         return True
+
+
+def test_the_client_is_chosen_by_the_environment_and_a_bad_choice_is_refused_in_one_line() -> None:
+    assert lean.ssh_client(environ={}) == "auto"
+    assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " asyncssh "}) == "asyncssh"
+    for bad in ("libssh", "AUTO", "paramiko"):
+        with pytest.raises(ValueError, match=r"^GRIDWATCH_SSH_CLIENT: expected one of auto, asyncssh, got") as err:
+            lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": bad})
+        assert "\n" not in str(err.value)
+
+
+async def test_gridwatch_ssh_client_asyncssh_puts_every_link_of_the_process_on_asyncssh(keys, monkeypatch) -> None:
+    monkeypatch.setenv("GRIDWATCH_SSH_CLIENT", "asyncssh")
+    ra = await start_agent(keys, interval=0.1)
+    fleet, frames = make_fleet(ra, keys)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: of_type(frames, p.Sample), what="a sample")
+        assert isinstance(fleet._conns[link.endpoint], asyncssh.SSHClientConnection)  # noqa: SLF001
+    finally:
+        await fleet.stop()
+        await stop_agent(ra)
+
+
+def test_a_relay_given_a_client_it_does_not_know_says_so_and_exits_2(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GRIDWATCH_SSH_CLIENT": "libssh"}
+    done = subprocess.run([sys.executable, "-m", "gridwatch", "relay", "--listen", "127.0.0.1:0", "--nodes",
+                           "127.0.0.1:1", "--keys", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "gridwatch relay: GRIDWATCH_SSH_CLIENT: expected one of auto, asyncssh, got 'libssh'"
+
+
+async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> None:
+    """The agent's SSH face lets a console go after 3 unanswered keepalives (60 s each): libssh2 must answer them."""
+    hellos = [0]
+
+    async def script(process: Any) -> None:
+        hellos[0] += 1
+        process.stdout.write(p.encode(p.Hello(node=p.Text("quiet"), interval=60.0)))
+        await asyncio.Event().wait()
+
+    server = await asyncssh.create_server(
+        _AnyKey, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)], process_factory=script, encoding=None,
+        keepalive_interval=0.05, keepalive_count_max=2)
+    port = server.sockets[0].getsockname()[1]
+    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: link.state == LinkState.CONNECTED, what="the link up")
+        conn = fleet._conns[link.endpoint]  # noqa: SLF001
+        assert isinstance(conn, lean.LeanConnection)
+        # Twenty keepalive periods, ten times what the agent waits before it drops an unanswering console.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 1.0
+        await wait_until(lambda: loop.time() > until or link.state != LinkState.CONNECTED, what="a second")
+        assert link.state == LinkState.CONNECTED and hellos[0] == 1 and fleet._conns[link.endpoint] is conn  # noqa: SLF001
+    finally:
+        await fleet.stop()
+        server.close()

@@ -41,12 +41,14 @@ def _run(args: argparse.Namespace) -> int:
 
     from gridwatch.relay.service import ConfigError, RelayError, load_settings
     from gridwatch.sshlink.coalesce import RELAY_READ_EVERY_S, read_every, run_coalesced
+    from gridwatch.sshlink.lean import ssh_client
     from gridwatch.wire.cleanlogs import clean_logs
 
     try:
         settings, nodes = load_settings(args.config, {"listen": args.listen, "nodes": args.nodes,
                                                       "name": args.name, "keys": args.keys})
         every = read_every(RELAY_READ_EVERY_S)  # how often the rack's links are read together (sshlink.coalesce)
+        ssh_client()  # who reads them (sshlink.lean): a wrong GRIDWATCH_SSH_CLIENT is said here
     except (ConfigError, ValueError) as exc:
         print(f"gridwatch relay: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -93,6 +93,7 @@ class Fleet:
         self._heard_order: HeardOrder[Endpoint, NodeLink] = HeardOrder()
         self._tasks: list[asyncio.Task[None]] = []
         self._client_keys: list[asyncssh.SSHKey] | None = None
+        self._lean = False  # agents' links read by libssh2 (set at start)
         self._stopping = False
 
     # ------------------------------------------------------------- lifecycle
@@ -102,6 +103,11 @@ class Fleet:
             self._client_keys = [asyncssh.read_private_key(self.options.key_path)]
         except (OSError, asyncssh.KeyImportError) as exc:
             raise RuntimeError(f"cannot read the key {self.options.key_path}: {exc}") from None
+        try:
+            chosen = lean.ssh_client()
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
+        self._lean = lean.AVAILABLE and chosen == "auto" and self.options.ssh_client == "auto"
         # A fleet stopped and started again keeps each link's place (last seq, pinned name).
         self._stopping = False
         self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values() if link.via is None]
@@ -307,7 +313,7 @@ class Fleet:
         one scheduled per message). A relay's link keeps them: its silence is not watched, its nodes' is.
         """
         o = self.options
-        if not keepalive and lean.AVAILABLE and o.ssh_client == "auto" and self._client_keys:
+        if not keepalive and self._lean and self._client_keys:
             # An agent's link: its packets read by libssh2 (a relay's keeps asyncssh's keepalives).
             try:
                 lean_conn, stream = await asyncio.wait_for(

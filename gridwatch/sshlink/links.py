@@ -135,7 +135,8 @@ class FleetOptions:
     # against its own last seq when the new boot's hello reaches it).
     relaying: bool = False
     # Who reads an agent's packets: "auto" is libssh2 where ssh2-python is installed (gridwatch.sshlink.lean:
-    # half asyncssh's CPU per message), "asyncssh" always asyncssh. A relay's link is asyncssh's either way.
+    # half asyncssh's CPU per message), "asyncssh" always asyncssh; GRIDWATCH_SSH_CLIENT=asyncssh makes every
+    # fleet of the process asyncssh's. A relay's own link is asyncssh's either way.
     ssh_client: str = "auto"
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)

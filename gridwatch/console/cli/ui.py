@@ -174,9 +174,11 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
 def _console(args: argparse.Namespace) -> int:
     from gridwatch.console.runtime.wiring import build_runtime
     from gridwatch.sshlink.coalesce import read_every, run_coalesced
+    from gridwatch.sshlink.lean import ssh_client
 
     try:
         every = read_every()  # how often the links are read together (gridwatch.sshlink.coalesce)
+        ssh_client()  # who reads them (gridwatch.sshlink.lean): a wrong GRIDWATCH_SSH_CLIENT is said here
         options = runtime_options(args)
         runtime = build_runtime(options)
     except (ValueError, OSError) as exc:
