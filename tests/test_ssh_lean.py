@@ -200,3 +200,52 @@ async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> 
     finally:
         await fleet.stop()
         server.close()
+
+
+async def test_a_frame_the_socket_held_when_the_console_wrote_is_handed_over_at_once(keys) -> None:
+    """libssh2 reads the socket before it writes: a frame taken in so is handed over on the loop's next turn, not
+    left in libssh2 until the node's next frame (at a summary's cadence, seconds later)."""
+    import select
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("asked"), interval=60.0)))
+        async for line in process.stdin:
+            if line.strip() == b"ask":
+                process.stdout.write(p.encode(p.Event(kind=p.Text("log"), message=p.Text("answer"))))
+            # anything else: no answer, and nothing more from this node
+
+    # The agent on a loop of its own (a thread): it answers while this loop is held below.
+    import threading
+
+    agent_loop = asyncio.new_event_loop()
+    threading.Thread(target=agent_loop.run_forever, daemon=True).start()
+    server = asyncio.run_coroutine_threadsafe(fake_agent(keys, script), agent_loop).result(10)
+    port = server.sockets[0].getsockname()[1]
+    endpoint = parse_endpoints(f"127.0.0.1:{port}")[0]
+    key = asyncssh.read_private_key(str(keys.operator_key))
+    conn, stream = await lean.open_lean(endpoint, {}, username="gridwatch", key=key,
+                                        known_hosts=str(keys.known_hosts), subsystem=p.SUBSYSTEM)
+    lines: list[bytes] = []
+    stream.start(lines.append)
+    try:
+        await wait_until(lambda: lines, what="the hello")
+        stream.write(b"ask\n")
+        # Without giving the loop a turn: wait until the answer is in the socket, then write again, so libssh2
+        # takes the answer in as it writes and the socket has nothing left to wake the loop with.
+        ready, _, _ = select.select([conn._sock], [], [], 10)  # noqa: SLF001
+        assert ready, "the agent did not answer"
+        stream.write(b"quiet\n")
+        await wait_until(lambda: any(b"answer" in line for line in lines), timeout=5, what="the answer")
+    finally:
+        conn.close()
+
+        async def shut() -> None:
+            server.close()
+            await server.wait_closed()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), agent_loop).result(10)
+        agent_loop.call_soon_threadsafe(agent_loop.stop)

@@ -126,6 +126,7 @@ class LeanConnection:
         self._host_key: asyncssh.SSHKey | None = None
         self._out = bytearray()
         self._writer_on = False
+        self._reread = False  # a read is due on the loop's next turn (see _flush)
         self._closed = False
 
     # ------------------------------------------------------------ opening
@@ -216,53 +217,71 @@ class LeanConnection:
         try:
             while True:
                 size, data = chan.read(READ_SIZE)
-                if size <= 0:
-                    break
-                stream.data_received(data, None)
-                if self._closed:  # the handler closed the link
+                if size > 0:
+                    stream.data_received(data, None)
+                    if self._closed:  # the handler closed the link
+                        return
+                    continue
+                if size == 0 or stream.handler is None:
+                    # Nothing more on stdout: what the far end says on stderr (before its hello, when it refuses).
+                    err_size, err = chan.read_stderr(STDERR_SIZE)
+                    if err_size > 0:
+                        stream.data_received(err, _EXTENDED_STDERR)
+                if size == 0 and chan.eof():
+                    self._lost(None)
                     return
-            if size == 0 or stream.handler is None:
-                # Nothing more on stdout: what the far end says on stderr (before its hello, when it refuses).
-                err_size, err = chan.read_stderr(STDERR_SIZE)
-                if err_size > 0:
-                    stream.data_received(err, _EXTENDED_STDERR)
-            if size == 0 and chan.eof():
-                self._lost(None)
-                return
-            if size < 0 and size != LIBSSH2_ERROR_EAGAIN:
-                self._lost(ConnectionError(f"the link failed (libssh2 error {size})"))
-                return
+                if size < 0 and size != LIBSSH2_ERROR_EAGAIN:
+                    self._lost(ConnectionError(f"the link failed (libssh2 error {size})"))
+                    return
+                # A write reads the socket first (see _flush): what it took in is read before the loop sleeps.
+                if not (self._out and self._flush()):
+                    return
         except SSH2Error as exc:
             self._lost(ConnectionError(f"the connection was lost ({_why(exc)})"))
-            return
-        if self._out:
-            self._flush()
+
+    def _reread_now(self) -> None:
+        self._reread = False
+        self._readable()
 
     def write(self, data: bytes) -> None:
         if self._closed or self._chan is None:
             raise ConnectionError("the stream is not open")
         self._out += data
         self._flush()
+        # libssh2 reads what the socket holds before it writes (window adjusts), frames for us included: the socket
+        # is then drained and will not wake the loop for them. They are read on the loop's next turn, not when the
+        # node's next frame comes (seconds later, at a summary's cadence).
+        if not self._reread:
+            self._reread = True
+            self._loop.call_soon(self._reread_now)
 
-    def _flush(self) -> None:
+    def _on_writable(self) -> None:
+        if self._flush():
+            self._readable()  # as after write(): what the write took in from the socket
+
+    def _flush(self) -> int:
+        """Write what is held, as far as the socket takes it now; the bytes written."""
+        wrote = 0
         try:
             while self._out:
                 rc, written = self._chan.write(bytes(self._out))
                 if written > 0:
                     del self._out[:written]
+                    wrote += written
                 if rc == LIBSSH2_ERROR_EAGAIN or written <= 0:
                     break
         except SSH2Error as exc:
             self._lost(ConnectionError(f"the connection was lost while writing ({_why(exc)})"))
-            return
+            return 0
         want_writer = bool(self._out) and bool(
             self._session.block_directions() & _ssh2_session.LIBSSH2_SESSION_BLOCK_OUTBOUND)
         if want_writer and not self._writer_on:
-            self._loop.add_writer(self._fd, self._flush)
+            self._loop.add_writer(self._fd, self._on_writable)
             self._writer_on = True
         elif not want_writer and self._writer_on:
             self._loop.remove_writer(self._fd)
             self._writer_on = False
+        return wrote
 
     # ------------------------------------------------------------ closing
 
