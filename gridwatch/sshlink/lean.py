@@ -216,15 +216,20 @@ class LeanConnection:
             return
         try:
             while True:
+                if stream.handler is None:
+                    # Before the hello is taken: what the far end says on stderr (when it refuses, why). Read before
+                    # stdout, as every read drains the socket: stdout's read below takes what this one took in.
+                    err_size, err = chan.read_stderr(STDERR_SIZE)
+                    if err_size > 0:
+                        stream.data_received(err, _EXTENDED_STDERR)
                 size, data = chan.read(READ_SIZE)
                 if size > 0:
                     stream.data_received(data, None)
                     if self._closed:  # the handler closed the link
                         return
                     continue
-                if size == 0 or stream.handler is None:
-                    # Nothing more on stdout: what the far end says on stderr (before its hello, when it refuses).
-                    err_size, err = chan.read_stderr(STDERR_SIZE)
+                if size == 0:
+                    err_size, err = chan.read_stderr(STDERR_SIZE)  # its last words, with the channel's end
                     if err_size > 0:
                         stream.data_received(err, _EXTENDED_STDERR)
                 if size == 0 and chan.eof():
