@@ -249,3 +249,33 @@ async def test_a_frame_the_socket_held_when_the_console_wrote_is_handed_over_at_
 
         asyncio.run_coroutine_threadsafe(shut(), agent_loop).result(10)
         agent_loop.call_soon_threadsafe(agent_loop.stop)
+
+
+async def test_a_weak_host_key_is_refused_before_our_key_is_offered(keys, tmp_path) -> None:
+    offered: list[str] = []
+    weak = asyncssh.generate_private_key("ssh-rsa", key_size=1024)
+
+    class Counting(_AnyKey):
+        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+            offered.append(username)
+            return True
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("weak"))))
+        await asyncio.Event().wait()
+
+    server = await asyncssh.create_server(Counting, "127.0.0.1", 0, server_host_keys=[weak], process_factory=script,
+                                          encoding=None)
+    port = server.sockets[0].getsockname()[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {weak.export_public_key().decode()}")  # pinned, and still too weak
+    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys, known=known)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: link.state == LinkState.REFUSED, what="refused for its weak host key")
+        assert "the agent's host key is a 1024-bit RSA key" in (link.last_error or "")
+        assert offered == [] and frames == []
+    finally:
+        await fleet.stop()
+        server.close()

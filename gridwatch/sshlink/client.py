@@ -32,6 +32,7 @@ from gridwatch.sshlink.links import (
     RelayStatus,
     explain,
     hello_name_refusal,
+    weak_host_key,
 )
 from gridwatch.sshlink.policy import client_options, weak_key_reason
 from gridwatch.sshlink.stream import LineStream
@@ -316,7 +317,7 @@ class Fleet:
         if not keepalive and self._lean and self._client_keys:
             # An agent's link: its packets read by libssh2 (a relay's keeps asyncssh's keepalives).
             try:
-                lean_conn, stream = await asyncio.wait_for(
+                _, stream = await asyncio.wait_for(
                     lean.open_lean(endpoint, conns, username=o.username, key=self._client_keys[0],
                                    known_hosts=o.known_hosts, subsystem=p.SUBSYSTEM),
                     o.connect_timeout)
@@ -326,8 +327,7 @@ class Fleet:
                 if failed is not None:
                     failed.close()
             else:
-                self._refuse_weak(endpoint, lean_conn.get_server_host_key())
-                return stream
+                return stream  # its host key checked for weakness before our key was offered
         conn = await asyncio.wait_for(
             asyncssh.connect(
                 endpoint.host,
@@ -353,11 +353,7 @@ class Fleet:
     def _refuse_weak(self, endpoint: Endpoint, host_key: asyncssh.SSHKey | None) -> None:
         weak = weak_key_reason(host_key) if host_key is not None else None
         if weak:
-            # Pinned or not, a key this weak proves little about who answers.
-            raise LinkRefused(
-                f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
-                f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {self.options.known_hosts}"
-            )
+            raise weak_host_key(endpoint, weak, self.options.known_hosts)
 
     async def _connect_and_stream(self, link: NodeLink) -> None:
         o = self.options

@@ -29,7 +29,8 @@ import asyncssh
 from asyncssh.public_key import decode_ssh_public_key
 
 from gridwatch.sshlink.hostlist import Endpoint
-from gridwatch.sshlink.policy import ENCRYPTION_ALGS, KEX_ALGS, MAC_ALGS, SIGNATURE_ALGS
+from gridwatch.sshlink.links import weak_host_key
+from gridwatch.sshlink.policy import ENCRYPTION_ALGS, KEX_ALGS, MAC_ALGS, SIGNATURE_ALGS, weak_key_reason
 from gridwatch.sshlink.stream import LineStream
 
 try:
@@ -166,6 +167,15 @@ class LeanConnection:
     async def open(self, endpoint: Endpoint, *, username: str, key: asyncssh.SSHKey, known_hosts: str,
                    subsystem: str) -> LineStream:
         """Handshake, check the host key, authenticate, open ``subsystem``: its stream, read from now on."""
+        try:
+            return await self._open(endpoint, username=username, key=key, known_hosts=known_hosts,
+                                    subsystem=subsystem)
+        except BaseException:
+            self.close()  # the channel closed and the socket shut now, not when the failure's traceback is freed
+            raise
+
+    async def _open(self, endpoint: Endpoint, *, username: str, key: asyncssh.SSHKey, known_hosts: str,
+                    subsystem: str) -> LineStream:
         session = self._session
         _prefs(session)
         try:
@@ -177,18 +187,18 @@ class LeanConnection:
         self._check_host_key(endpoint, known_hosts)
         try:
             await self._call(session.userauth_publickey_frommemory, username, key.export_private_key("openssh"))
-        except (AuthenticationError, PublickeyUnverifiedError):
+        except AuthenticationError:  # the agent's USERAUTH_FAILURE to our key
             raise asyncssh.PermissionDenied("publickey authentication failed") from None
         except SSH2Error as exc:
+            # PublickeyUnverifiedError too: libssh2 says so of any transport failure while it waits for the answer.
             raise Unexplained(f"authentication: {_why(exc)}") from None
         if not session.userauth_authenticated():
             raise asyncssh.PermissionDenied("publickey authentication failed")
         try:
-            chan = await self._call(session.open_session)
-            await self._call(chan.subsystem, subsystem)
+            self._chan = await self._call(session.open_session)
+            await self._call(self._chan.subsystem, subsystem)
         except SSH2Error as exc:
             raise Unexplained(f"the gridwatch channel: {_why(exc)}") from None
-        self._chan = chan
         stream = LineStream()
         stream.connection_made(self)
         self._stream = stream
@@ -204,6 +214,9 @@ class LeanConnection:
         data = key.public_data
         if any(k.public_data == data for k in revoked) or not any(k.public_data == data for k in trusted):
             raise asyncssh.HostKeyNotVerifiable("Host key is not trusted")
+        weak = weak_key_reason(key)
+        if weak:
+            raise weak_host_key(endpoint, weak, known_hosts)
 
     def get_server_host_key(self) -> asyncssh.SSHKey | None:
         return self._host_key
@@ -228,10 +241,11 @@ class LeanConnection:
                     if self._closed:  # the handler closed the link
                         return
                     continue
-                if size == 0:
-                    err_size, err = chan.read_stderr(STDERR_SIZE)  # its last words, with the channel's end
-                    if err_size > 0:
-                        stream.data_received(err, _EXTENDED_STDERR)
+                while size == 0:  # its last words, with the channel's end (eof() waits until all are read)
+                    err_size, err = chan.read_stderr(STDERR_SIZE)
+                    if err_size <= 0:
+                        break
+                    stream.data_received(err, _EXTENDED_STDERR)
                 if size == 0 and chan.eof():
                     self._lost(None)
                     return
@@ -240,9 +254,11 @@ class LeanConnection:
                     return
                 # A write reads the socket first (see _flush): what it took in is read before the loop sleeps.
                 if not (self._out and self._flush()):
-                    return
+                    break
         except SSH2Error as exc:
             self._lost(ConnectionError(f"the connection was lost ({_why(exc)})"))
+            return
+        self._watch_writable()
 
     def _reread_now(self) -> None:
         self._reread = False
@@ -261,8 +277,22 @@ class LeanConnection:
             self._loop.call_soon(self._reread_now)
 
     def _on_writable(self) -> None:
-        if self._flush():
-            self._readable()  # as after write(): what the write took in from the socket
+        # Our bytes, or a packet libssh2 had to postpone inside a read (a window adjust, a keepalive's answer, a
+        # rekey's): the read goes on where it stopped, and takes in what the write did.
+        self._flush()
+        self._readable()
+
+    def _watch_writable(self) -> None:
+        """Be woken when the socket takes more, while libssh2 waits to send (ours or its own)."""
+        if self._closed:
+            return
+        want = bool(self._session.block_directions() & _ssh2_session.LIBSSH2_SESSION_BLOCK_OUTBOUND)
+        if want and not self._writer_on:
+            self._loop.add_writer(self._fd, self._on_writable)
+            self._writer_on = True
+        elif not want and self._writer_on:
+            self._loop.remove_writer(self._fd)
+            self._writer_on = False
 
     def _flush(self) -> int:
         """Write what is held, as far as the socket takes it now; the bytes written."""
@@ -278,14 +308,7 @@ class LeanConnection:
         except SSH2Error as exc:
             self._lost(ConnectionError(f"the connection was lost while writing ({_why(exc)})"))
             return 0
-        want_writer = bool(self._out) and bool(
-            self._session.block_directions() & _ssh2_session.LIBSSH2_SESSION_BLOCK_OUTBOUND)
-        if want_writer and not self._writer_on:
-            self._loop.add_writer(self._fd, self._on_writable)
-            self._writer_on = True
-        elif not want_writer and self._writer_on:
-            self._loop.remove_writer(self._fd)
-            self._writer_on = False
+        self._watch_writable()
         return wrote
 
     # ------------------------------------------------------------ closing
@@ -303,6 +326,8 @@ class LeanConnection:
             self._loop.remove_writer(self._fd)
             self._writer_on = False
         try:
+            if self._chan is not None:
+                self._chan.close()  # closed now, while the socket is ours: freed later, it sends nothing
             self._session.disconnect()  # non-blocking: sent if the socket takes it now
         except SSH2Error:
             pass

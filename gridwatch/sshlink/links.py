@@ -113,6 +113,13 @@ class LinkRefused(Exception):
     """The console will not take this agent's frames; the message says why and what to do."""
 
 
+def weak_host_key(endpoint: Endpoint, weak: str, known_hosts: str) -> LinkRefused:
+    """The refusal of an agent whose host key is ``weak`` (policy.weak_key_reason): pinned or not, a key this weak
+    proves little about who answers."""
+    return LinkRefused(f"{endpoint}: the agent's host key is {weak}; give the agent a new host key "
+                       f"and trust it with: gridwatch keys trust {endpoint} --known-hosts {known_hosts}")
+
+
 @dataclass
 class FleetOptions:
     key_path: str
