@@ -279,3 +279,35 @@ async def test_a_weak_host_key_is_refused_before_our_key_is_offered(keys, tmp_pa
     finally:
         await fleet.stop()
         server.close()
+
+
+async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) -> None:
+    """A killed agent's socket is closed by its kernel right behind its last frames (an XID, then the end): they
+    arrive, and then the link is down. (An SSH disconnect message in the same read would lose them in libssh2;
+    the agent never sends one after data: it ends a session by closing the channel, and dies by closing the socket.)"""
+    connections: list[asyncssh.SSHServerConnection] = []
+
+    class Kept(_AnyKey):
+        def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+            connections.append(conn)
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("dying"), interval=1.0)))
+        await asyncio.sleep(0.3)  # the link up and its subscription sent
+        for code in (48, 63, 79):
+            process.stdout.write(p.encode(p.Event(kind=p.Text("xid"), code=code, message=p.Text(f"Xid {code}"))))
+        await process.stdout.drain()
+        connections[-1].abort()  # what the kernel does to a killed process's socket: no SSH goodbye
+
+    server = await asyncssh.create_server(Kept, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)],
+                                          process_factory=script, encoding=None)
+    port = server.sockets[0].getsockname()[1]
+    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
+    await fleet.start()
+    try:
+        link = next(iter(fleet.links.values()))
+        await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
+        assert [e.code for e in of_type(frames, p.Event)][:3] == [48, 63, 79]  # (a reconnect may bring more)
+    finally:
+        await fleet.stop()
+        server.close()
