@@ -27,21 +27,24 @@ def of_type(frames, cls):
     return [f for _, f in frames if isinstance(f, cls)]
 
 
-async def fake_agent(keys: Any, script: Any, host_key: Any = None) -> asyncssh.SSHAcceptor:
+class AnyKeyServer(asyncssh.SSHServer):
+    """An SSH server that takes any key: the test is about what is said, not who may ask."""
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        return True
+
+
+async def fake_agent(keys: Any, script: Any, host_key: Any = None, server: type[asyncssh.SSHServer] = AnyKeyServer,
+                     **options: Any) -> asyncssh.SSHAcceptor:
     """An SSH server of the test's own that speaks whatever ``script`` writes: a broken or hostile agent.
 
-    It takes any key (the test is about what the agent says, not who may ask); its host key is the fleet's.
+    It takes any key (``server``); its host key is the fleet's; ``options`` go to asyncssh.create_server.
     """
-
-    class Server(asyncssh.SSHServer):
-        def begin_auth(self, username: str) -> bool:
-            return True
-
-        def public_key_auth_supported(self) -> bool:
-            return True
-
-        def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-            return True
-
-    return await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key or str(keys.host_key)],
-                                        process_factory=script, encoding=None)
+    return await asyncssh.create_server(server, "127.0.0.1", 0, server_host_keys=[host_key or str(keys.host_key)],
+                                        process_factory=script, encoding=None, **options)

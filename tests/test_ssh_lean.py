@@ -17,7 +17,7 @@ from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.sshlink.keys import init_keys
 from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
-from tests.support_stream import fake_agent, make_fleet, of_type
+from tests.support_stream import AnyKeyServer, fake_agent, make_fleet, of_type
 
 pytestmark = pytest.mark.skipif(not lean.AVAILABLE, reason="ssh2-python is not installed: asyncssh reads every link")
 
@@ -44,20 +44,19 @@ async def test_either_client_refuses_an_unknown_host_key_and_a_key_the_agent_doe
     ra = await start_agent(keys)
     stranger = init_keys(tmp_path / "stranger", shared_host_key=True)
     try:
-        # The agent's host key is not in this known_hosts: refused before our key is offered.
-        fleet, _ = make_fleet(ra, keys, known=stranger.known_hosts, ssh_client=client)
-        await fleet.start()
-        link = next(iter(fleet.links.values()))
-        await wait_until(lambda: link.state == LinkState.REFUSED, what="refused for its host key")
-        assert "host key not trusted" in (link.last_error or "")
-        await fleet.stop()
-        # Our key is not among the agent's viewers or operators.
-        fleet, _ = make_fleet(ra, keys, key=stranger.operator_key, ssh_client=client)
-        await fleet.start()
-        link = next(iter(fleet.links.values()))
-        await wait_until(lambda: link.state == LinkState.REFUSED, what="refused for our key")
-        assert "refused our key" in (link.last_error or "")
-        await fleet.stop()
+        cases = [
+            # The agent's host key is not in this known_hosts: refused before our key is offered.
+            ({"known": stranger.known_hosts}, "host key not trusted"),
+            # Our key is not among the agent's viewers or operators.
+            ({"key": stranger.operator_key}, "refused our key"),
+        ]
+        for which, said in cases:
+            fleet, _ = make_fleet(ra, keys, ssh_client=client, **which)
+            await fleet.start()
+            link = next(iter(fleet.links.values()))
+            await wait_until(lambda: link.state == LinkState.REFUSED, what=f"refused: {said}")  # noqa: B023
+            assert said in (link.last_error or "")
+            await fleet.stop()
     finally:
         await stop_agent(ra)
 
@@ -75,9 +74,7 @@ async def test_a_link_keeps_streaming_through_the_agents_rekeys(keys) -> None:
         await asyncio.Event().wait()
 
     # About 300 KB sent: a rekey every 32 KB is ten of them.
-    server = await asyncssh.create_server(
-        _AnyKey, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)], process_factory=script, encoding=None,
-        rekey_bytes=32 * 1024)
+    server = await fake_agent(keys, script, rekey_bytes=32 * 1024)
     port = server.sockets[0].getsockname()[1]
     fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
     await fleet.start()
@@ -126,17 +123,6 @@ async def test_a_closed_links_leftovers_never_reach_the_next_link_on_its_descrip
         server.close()
 
 
-class _AnyKey(asyncssh.SSHServer):
-    def begin_auth(self, username: str) -> bool:
-        return True
-
-    def public_key_auth_supported(self) -> bool:
-        return True
-
-    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        return True
-
-
 def test_the_client_is_chosen_by_the_environment_and_a_bad_choice_is_refused_in_one_line() -> None:
     assert lean.ssh_client(environ={}) == "auto"
     assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " asyncssh "}) == "asyncssh"
@@ -181,9 +167,7 @@ async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> 
         process.stdout.write(p.encode(p.Hello(node=p.Text("quiet"), interval=60.0)))
         await asyncio.Event().wait()
 
-    server = await asyncssh.create_server(
-        _AnyKey, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)], process_factory=script, encoding=None,
-        keepalive_interval=0.05, keepalive_count_max=2)
+    server = await fake_agent(keys, script, keepalive_interval=0.05, keepalive_count_max=2)
     port = server.sockets[0].getsockname()[1]
     fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
     await fleet.start()
@@ -255,7 +239,7 @@ async def test_a_weak_host_key_is_refused_before_our_key_is_offered(keys, tmp_pa
     offered: list[str] = []
     weak = asyncssh.generate_private_key("ssh-rsa", key_size=1024)
 
-    class Counting(_AnyKey):
+    class Counting(AnyKeyServer):
         def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
             offered.append(username)
             return True
@@ -264,8 +248,7 @@ async def test_a_weak_host_key_is_refused_before_our_key_is_offered(keys, tmp_pa
         process.stdout.write(p.encode(p.Hello(node=p.Text("weak"))))
         await asyncio.Event().wait()
 
-    server = await asyncssh.create_server(Counting, "127.0.0.1", 0, server_host_keys=[weak], process_factory=script,
-                                          encoding=None)
+    server = await fake_agent(keys, script, host_key=weak, server=Counting)
     port = server.sockets[0].getsockname()[1]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {weak.export_public_key().decode()}")  # pinned, and still too weak
@@ -287,7 +270,7 @@ async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) 
     the agent never sends one after data: it ends a session by closing the channel, and dies by closing the socket.)"""
     connections: list[asyncssh.SSHServerConnection] = []
 
-    class Kept(_AnyKey):
+    class Kept(AnyKeyServer):
         def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
             connections.append(conn)
 
@@ -299,8 +282,7 @@ async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) 
         await process.stdout.drain()
         connections[-1].abort()  # what the kernel does to a killed process's socket: no SSH goodbye
 
-    server = await asyncssh.create_server(Kept, "127.0.0.1", 0, server_host_keys=[str(keys.host_key)],
-                                          process_factory=script, encoding=None)
+    server = await fake_agent(keys, script, server=Kept)
     port = server.sockets[0].getsockname()[1]
     fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
     await fleet.start()
