@@ -3,6 +3,8 @@ agent of the test's own (a broken or hostile one) on a real SSH server."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncssh
@@ -48,3 +50,16 @@ async def fake_agent(keys: Any, script: Any, host_key: Any = None, server: type[
     """
     return await asyncssh.create_server(server, "127.0.0.1", 0, server_host_keys=[host_key or str(keys.host_key)],
                                         process_factory=script, encoding=None, **options)
+
+
+@asynccontextmanager
+async def fleet_of_one(keys: Any, script: Any, **options: Any) -> AsyncIterator[tuple[Fleet, list[Any], Any]]:
+    """A fleet linked to one :func:`fake_agent` (``options`` go to it): the fleet, its frames and its link."""
+    server = await fake_agent(keys, script, **options)
+    fleet, frames = make_fleet(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", keys)
+    await fleet.start()
+    try:
+        yield fleet, frames, next(iter(fleet.links.values()))
+    finally:
+        await fleet.stop()
+        server.close()

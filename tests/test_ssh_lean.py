@@ -17,7 +17,7 @@ from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.sshlink.keys import init_keys
 from gridwatch.wire import protocol as p
 from tests.conftest import start_agent, stop_agent, wait_until
-from tests.support_stream import AnyKeyServer, fake_agent, make_fleet, of_type
+from tests.support_stream import AnyKeyServer, fake_agent, fleet_of_one, make_fleet, of_type
 
 pytestmark = pytest.mark.skipif(not lean.AVAILABLE, reason="ssh2-python is not installed: asyncssh reads every link")
 
@@ -74,18 +74,10 @@ async def test_a_link_keeps_streaming_through_the_agents_rekeys(keys) -> None:
         await asyncio.Event().wait()
 
     # About 300 KB sent: a rekey every 32 KB is ten of them.
-    server = await fake_agent(keys, script, rekey_bytes=32 * 1024)
-    port = server.sockets[0].getsockname()[1]
-    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
-    await fleet.start()
-    try:
-        link = next(iter(fleet.links.values()))
+    async with fleet_of_one(keys, script, rekey_bytes=32 * 1024) as (fleet, frames, link):
         await wait_until(lambda: len(of_type(frames, p.Event)) >= frames_sent, what="every frame through the rekeys")
         assert link.state == LinkState.CONNECTED and link.bad_frames == 0
         assert isinstance(fleet._conns[link.endpoint], lean.LeanConnection)  # noqa: SLF001
-    finally:
-        await fleet.stop()
-        server.close()
 
 
 async def test_a_closed_links_leftovers_never_reach_the_next_link_on_its_descriptor(keys) -> None:
@@ -167,12 +159,7 @@ async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> 
         process.stdout.write(p.encode(p.Hello(node=p.Text("quiet"), interval=60.0)))
         await asyncio.Event().wait()
 
-    server = await fake_agent(keys, script, keepalive_interval=0.05, keepalive_count_max=2)
-    port = server.sockets[0].getsockname()[1]
-    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
-    await fleet.start()
-    try:
-        link = next(iter(fleet.links.values()))
+    async with fleet_of_one(keys, script, keepalive_interval=0.05, keepalive_count_max=2) as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.CONNECTED, what="the link up")
         conn = fleet._conns[link.endpoint]  # noqa: SLF001
         assert isinstance(conn, lean.LeanConnection)
@@ -181,9 +168,6 @@ async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> 
         until = loop.time() + 1.0
         await wait_until(lambda: loop.time() > until or link.state != LinkState.CONNECTED, what="a second")
         assert link.state == LinkState.CONNECTED and hellos[0] == 1 and fleet._conns[link.endpoint] is conn  # noqa: SLF001
-    finally:
-        await fleet.stop()
-        server.close()
 
 
 async def test_a_frame_the_socket_held_when_the_console_wrote_is_handed_over_at_once(keys) -> None:
@@ -282,14 +266,6 @@ async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) 
         await process.stdout.drain()
         connections[-1].abort()  # what the kernel does to a killed process's socket: no SSH goodbye
 
-    server = await fake_agent(keys, script, server=Kept)
-    port = server.sockets[0].getsockname()[1]
-    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys)
-    await fleet.start()
-    try:
-        link = next(iter(fleet.links.values()))
+    async with fleet_of_one(keys, script, server=Kept) as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
         assert [e.code for e in of_type(frames, p.Event)][:3] == [48, 63, 79]  # (a reconnect may bring more)
-    finally:
-        await fleet.stop()
-        server.close()
