@@ -247,16 +247,16 @@ class LeanConnection:
                         break
                     stream.data_received(err, _EXTENDED_STDERR)
                 if size == 0 and chan.eof():
-                    self._lost(None)
+                    self.close(None)
                     return
                 if size < 0 and size != LIBSSH2_ERROR_EAGAIN:
-                    self._lost(ConnectionError(f"the link failed (libssh2 error {size})"))
+                    self.close(ConnectionError(f"the link failed (libssh2 error {size})"))
                     return
                 # A write reads the socket first (see _flush): what it took in is read before the loop sleeps.
                 if not (self._out and self._flush()):
                     break
         except SSH2Error as exc:
-            self._lost(ConnectionError(f"the connection was lost ({_why(exc)})"))
+            self.close(ConnectionError(f"the connection was lost ({_why(exc)})"))
             return
         self._watch_writable()
 
@@ -306,15 +306,12 @@ class LeanConnection:
                 if rc == LIBSSH2_ERROR_EAGAIN or written <= 0:
                     break
         except SSH2Error as exc:
-            self._lost(ConnectionError(f"the connection was lost while writing ({_why(exc)})"))
+            self.close(ConnectionError(f"the connection was lost while writing ({_why(exc)})"))
             return 0
         self._watch_writable()
         return wrote
 
     # ------------------------------------------------------------ closing
-
-    def _lost(self, exc: Exception | None) -> None:
-        self.close(exc)
 
     def close(self, exc: Exception | None = None) -> None:
         """Close the link; its stream's ``closed`` ends (with None, or ``exc``) if nothing else ended it first."""
