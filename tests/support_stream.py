@@ -53,10 +53,11 @@ async def fake_agent(keys: Any, script: Any, host_key: Any = None, server: type[
 
 
 @asynccontextmanager
-async def fleet_of_one(keys: Any, script: Any, **options: Any) -> AsyncIterator[tuple[Fleet, list[Any], Any]]:
+async def fleet_of_one(keys: Any, script: Any, ssh_client: str = "auto",
+                       **options: Any) -> AsyncIterator[tuple[Fleet, list[Any], Any]]:
     """A fleet linked to one :func:`fake_agent` (``options`` go to it): the fleet, its frames and its link."""
     server = await fake_agent(keys, script, **options)
-    fleet, frames = make_fleet(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", keys)
+    fleet, frames = make_fleet(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", keys, ssh_client=ssh_client)
     await fleet.start()
     try:
         yield fleet, frames, next(iter(fleet.links.values()))

@@ -22,7 +22,7 @@ from tests.support_stream import AnyKeyServer, fake_agent, fleet_of_one, make_fl
 pytestmark = pytest.mark.skipif(not lean.AVAILABLE, reason="ssh2-python is not installed: asyncssh reads every link")
 
 
-@pytest.mark.parametrize("client", ["auto", "asyncssh"])
+@pytest.mark.parametrize("client", ["libssh2", "asyncssh"])
 async def test_either_client_streams_a_real_agent_and_carries_its_requests(keys, client: str) -> None:
     ra = await start_agent(keys, gpus=2, interval=0.1)
     fleet, frames = make_fleet(ra, keys, ssh_client=client)
@@ -31,7 +31,7 @@ async def test_either_client_streams_a_real_agent_and_carries_its_requests(keys,
         link = next(iter(fleet.links.values()))
         await wait_until(lambda: len(of_type(frames, p.Sample)) >= 5, what="five samples")
         conn = fleet._conns[link.endpoint]  # noqa: SLF001 - which library carries it is the point here
-        assert isinstance(conn, lean.LeanConnection) == (client == "auto")
+        assert isinstance(conn, lean.LeanConnection) == (client == "libssh2")
         result = await fleet.action(link.name, "ping")
         assert result.ok, result.message
     finally:
@@ -39,7 +39,7 @@ async def test_either_client_streams_a_real_agent_and_carries_its_requests(keys,
         await stop_agent(ra)
 
 
-@pytest.mark.parametrize("client", ["auto", "asyncssh"])
+@pytest.mark.parametrize("client", ["libssh2", "asyncssh"])
 async def test_either_client_refuses_an_unknown_host_key_and_a_key_the_agent_does_not_take(keys, tmp_path, client) -> None:
     ra = await start_agent(keys)
     stranger = init_keys(tmp_path / "stranger", shared_host_key=True)
@@ -74,7 +74,7 @@ async def test_a_link_keeps_streaming_through_the_agents_rekeys(keys) -> None:
         await asyncio.Event().wait()
 
     # About 300 KB sent: a rekey every 32 KB is ten of them.
-    async with fleet_of_one(keys, script, rekey_bytes=32 * 1024) as (fleet, frames, link):
+    async with fleet_of_one(keys, script, ssh_client="libssh2", rekey_bytes=32 * 1024) as (fleet, frames, link):
         await wait_until(lambda: len(of_type(frames, p.Event)) >= frames_sent, what="every frame through the rekeys")
         assert link.state == LinkState.CONNECTED and link.bad_frames == 0
         assert isinstance(fleet._conns[link.endpoint], lean.LeanConnection)  # noqa: SLF001
@@ -116,16 +116,16 @@ async def test_a_closed_links_leftovers_never_reach_the_next_link_on_its_descrip
 
 
 def test_the_client_is_chosen_by_the_environment_and_a_bad_choice_is_refused_in_one_line() -> None:
-    assert lean.ssh_client(environ={}) == "auto"
-    assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " asyncssh "}) == "asyncssh"
+    assert lean.ssh_client(environ={}) == "asyncssh"
+    assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " libssh2 "}) == "libssh2"
     for bad in ("libssh", "AUTO", "paramiko"):
-        with pytest.raises(ValueError, match=r"^GRIDWATCH_SSH_CLIENT: expected one of auto, asyncssh, got") as err:
+        with pytest.raises(ValueError, match=r"^GRIDWATCH_SSH_CLIENT: expected one of asyncssh, libssh2, got") as err:
             lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": bad})
         assert "\n" not in str(err.value)
 
 
 async def test_gridwatch_ssh_client_asyncssh_puts_every_link_of_the_process_on_asyncssh(keys, monkeypatch) -> None:
-    monkeypatch.setenv("GRIDWATCH_SSH_CLIENT", "asyncssh")
+    monkeypatch.setenv("GRIDWATCH_SSH_CLIENT", "asyncssh")  # as when it is not set
     ra = await start_agent(keys, interval=0.1)
     fleet, frames = make_fleet(ra, keys)
     await fleet.start()
@@ -147,7 +147,7 @@ def test_a_relay_given_a_client_it_does_not_know_says_so_and_exits_2(tmp_path) -
     done = subprocess.run([sys.executable, "-m", "gridwatch", "relay", "--listen", "127.0.0.1:0", "--nodes",
                            "127.0.0.1:1", "--keys", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == "gridwatch relay: GRIDWATCH_SSH_CLIENT: expected one of auto, asyncssh, got 'libssh'"
+    assert done.stderr.strip() == "gridwatch relay: GRIDWATCH_SSH_CLIENT: expected one of asyncssh, libssh2, got 'libssh'"
 
 
 async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> None:
@@ -159,7 +159,8 @@ async def test_a_quiet_link_answers_the_agents_keepalives_and_stays_up(keys) -> 
         process.stdout.write(p.encode(p.Hello(node=p.Text("quiet"), interval=60.0)))
         await asyncio.Event().wait()
 
-    async with fleet_of_one(keys, script, keepalive_interval=0.05, keepalive_count_max=2) as (fleet, frames, link):
+    async with fleet_of_one(keys, script, ssh_client="libssh2", keepalive_interval=0.05,
+                            keepalive_count_max=2) as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.CONNECTED, what="the link up")
         conn = fleet._conns[link.endpoint]  # noqa: SLF001
         assert isinstance(conn, lean.LeanConnection)
@@ -236,7 +237,7 @@ async def test_a_weak_host_key_is_refused_before_our_key_is_offered(keys, tmp_pa
     port = server.sockets[0].getsockname()[1]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {weak.export_public_key().decode()}")  # pinned, and still too weak
-    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys, known=known)
+    fleet, frames = make_fleet(f"127.0.0.1:{port}", keys, known=known, ssh_client="libssh2")
     await fleet.start()
     try:
         link = next(iter(fleet.links.values()))
@@ -266,6 +267,6 @@ async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) 
         await process.stdout.drain()
         connections[-1].abort()  # what the kernel does to a killed process's socket: no SSH goodbye
 
-    async with fleet_of_one(keys, script, server=Kept) as (fleet, frames, link):
+    async with fleet_of_one(keys, script, ssh_client="libssh2", server=Kept) as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
         assert [e.code for e in of_type(frames, p.Event)][:3] == [48, 63, 79]  # (a reconnect may bring more)

@@ -108,7 +108,9 @@ class Fleet:
             chosen = lean.ssh_client()
         except ValueError as exc:
             raise RuntimeError(str(exc)) from None
-        self._lean = lean.AVAILABLE and chosen == "auto" and self.options.ssh_client == "auto"
+        if self.options.ssh_client != "auto":
+            chosen = self.options.ssh_client
+        self._lean = lean.AVAILABLE and chosen == "libssh2"
         # A fleet stopped and started again keeps each link's place (last seq, pinned name).
         self._stopping = False
         self._tasks = [asyncio.create_task(self._run_link(link)) for link in self.links.values() if link.via is None]

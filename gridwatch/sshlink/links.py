@@ -141,9 +141,8 @@ class FleetOptions:
     # on_frame (they are the console's), and an agent's restart makes no gap here (the console counts it
     # against its own last seq when the new boot's hello reaches it).
     relaying: bool = False
-    # Who reads an agent's packets: "auto" is libssh2 where ssh2-python is installed (gridwatch.sshlink.lean:
-    # half asyncssh's CPU per message), "asyncssh" always asyncssh; GRIDWATCH_SSH_CLIENT=asyncssh makes every
-    # fleet of the process asyncssh's. A relay's own link is asyncssh's either way.
+    # Who reads an agent's packets: "auto" as GRIDWATCH_SSH_CLIENT says (asyncssh unless it says libssh2),
+    # "libssh2" (gridwatch.sshlink.lean, where installed) or "asyncssh". A relay's own link is asyncssh's either way.
     ssh_client: str = "auto"
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
