@@ -142,7 +142,9 @@ async def test_with_the_controller_down_the_requeue_waits_and_happens_once_when_
         assert requeue.state == "done", requeue.outcome
         assert f"requeued job {job}" in requeue.outcome
         assert slurm.drained("node-2")
-        wait_until_sync(lambda: running_on(slurm, job, "node-[1,3-4]"), timeout=30,
+        # slurmctld starts a requeued job at its next scheduling pass after the job's end is cleaned up:
+        # seconds alone, tens of seconds beside a full test run on two cores.
+        wait_until_sync(lambda: running_on(slurm, job, "node-[1,3-4]"), timeout=90,
                         what="the requeued job running again without node-2")
         assert slurm.job(job)["Restarts"] == "1"
     finally:
