@@ -175,7 +175,7 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
                 continue
             if line != "stats":
                 continue
-            links = {str(lk.endpoint).rsplit(":", 1)[-1]: [lk.frames, lk.gaps, lk.bad_frames]
+            links = {str(lk.endpoint).rsplit(":", 1)[-1]: [lk.frames, lk.gaps, lk.bad_frames, lk.repeated]
                      for lk in fleet.links.values()}
             # Links up, stale ones included: the bench's pause before the window silences every agent, and a
             # node whose last summary came early enough is stale by then while its link holds.
@@ -187,7 +187,7 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
                               "relays": {str(ep): [str(r.state), r.messages, r.bad_frames, r.reads]
                                          for ep, r in getattr(fleet, "relays", {}).items()},
                               "redraw_ms": 1000 * statistics.median(ticks[-30:]) if ticks else None,
-                              "redraws": len(ticks)}), flush=True)
+                              "redraws": len(ticks), "tick_cpu": sum(ticks)}), flush=True)
         await runtime.stop()
 
 
@@ -383,11 +383,14 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
     forwarded = [r.forwarded(tmp) for r in relays]
     for mode in modes:
         a, b = before[mode], after[mode]
-        missing = gaps = bad = sent_total = got_total = 0
+        missing = gaps = bad = sent_total = got_total = repeated = 0
         for port, counts in sent1.items():
             stream = "summary" if mode == "relayed" else mode  # what the agents send (to the relays, relayed)
             sent = counts[stream] - sent0[port][stream]
-            got = b["links"][port][0] - a["links"][port][0]
+            # A frame the console already had (a resume's overlap) is counted apart: received twice, kept once.
+            again = b["links"][port][3] - a["links"][port][3]
+            got = b["links"][port][0] - a["links"][port][0] - again
+            repeated += again
             sent_total += sent
             got_total += got
             missing += sent - got
@@ -408,10 +411,11 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             "every": b["every"], "ticks": ticks, "together": len(modes) > 1,
             "us_per_node_s": 1e6 * cpu / window / nodes, "core_pct": 100 * cpu / window,
             "rss_mb": b["rss"], "mb_per_node": (b["rss"] - b["rss0"]) / nodes,
-            "sent": sent_total, "received": got_total, "missing": missing, "gaps": gaps, "bad": bad,
+            "sent": sent_total, "received": got_total, "repeated": repeated, "missing": missing, "gaps": gaps, "bad": bad,
             "summaries_per_node_s": (b["summaries"] - a["summaries"]) / window / nodes,
             "xid_median_s": statistics.median(detect) if detect else None, "xids_seen": len(detect),
             "redraw_ms": b["redraw_ms"], "redraws": ends[mode]["redraws"] - a["redraws"],
+            "tick_us_per_node_s": 1e6 * (ends[mode]["tick_cpu"] - a["tick_cpu"]) / window / nodes,
             "gc_us_per_node_s": [1e6 * (b["gc_s"][g] - a["gc_s"][g]) / window / nodes for g in range(3)],
             "gc_per_s": [(b["gc_n"][g] - a["gc_n"][g]) / window for g in range(3)],
         }
@@ -627,7 +631,8 @@ def main() -> int:
             print(f"           {m['us_per_node_s']:.1f} us CPU per node per second ({m['core_pct']:.1f} % of a core), "
                   f"projected {PROJECT_TO:,} nodes: {m['us_per_node_s'] * PROJECT_TO / 1e4:.1f} % of a core; "
                   f"RSS {m['rss_mb']:.0f} MB, {1024 * m['mb_per_node']:.0f} KB per node")
-            print(f"           frames sent {m['sent']}, received {m['received']}, missing {m['missing']}, gaps {m['gaps']}, "
+            again = f" (and {m['repeated']} had already, dropped)" if m.get("repeated") else ""
+            print(f"           frames sent {m['sent']}, received {m['received']}{again}, missing {m['missing']}, gaps {m['gaps']}, "
                   f"bad {m['bad']}; summaries per node per second {m['summaries_per_node_s']:.3f}; "
                   f"XID seen {m['xids_seen']}/{args.xids}, median "
                   f"{'-' if m['xid_median_s'] is None else round(m['xid_median_s'], 3)} s; "
@@ -635,9 +640,15 @@ def main() -> int:
                   f"fleet view's tick; news redraws at once)")
             print("           of it the garbage collector: " + ", ".join(
                 f"gen {g} {m['gc_per_s'][g]:.1f}/s {m['gc_us_per_node_s'][g]:.1f} us" for g in range(3)))
-            if m.get("stages") is not None and m["summaries_per_node_s"]:
+            if m["summaries_per_node_s"]:
+                # The fleet view's ticks (building its lines; Textual's paint of them is not in it) are the view's
+                # cost whatever the frames: apart, what the console spends on the frames themselves shows.
                 per = m["us_per_node_s"] / m["summaries_per_node_s"]
-                print(f"           {per:.1f} us CPU per summary received; by stage (py-spy samples):")
+                aside = (m["us_per_node_s"] - m["tick_us_per_node_s"]) / m["summaries_per_node_s"]
+                print(f"           {per:.1f} us CPU per summary received; {aside:.1f} with the fleet view's ticks "
+                      f"aside ({m['tick_us_per_node_s']:.1f} us per node per second)")
+            if m.get("stages") is not None and m["summaries_per_node_s"]:
+                print("           by stage (py-spy samples):")
                 print("\n".join("       " + row for row in table(m["stages"], per, "us/summary")))
             for rl in m.get("relays", ()):
                 print(f"           relay {rl['address']} ({rl['state']}): {rl['nodes']} nodes, {rl['us_per_node_s']:.1f} us "

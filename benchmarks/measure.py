@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -55,13 +56,13 @@ def start_swarm(count: int, base_port: int, keys_dir: Path, per_process: int = 2
             [sys.executable, str(ROOT / "benchmarks" / "swarm.py"), "--count", str(n), "--base-port", str(base_port + start),
              "--keys", str(keys_dir), "--gpus", str(gpus)], stdout=subprocess.PIPE, text=True))
     for s in swarms:
-        if not s.stdout.readline().startswith("ready"):
+        if s.stdout is None or not s.stdout.readline().startswith("ready"):
             stop_all(swarms)
             raise RuntimeError("a swarm process did not start")
     return swarms
 
 
-def stop_all(procs: list[subprocess.Popen | None]) -> None:
+def stop_all(procs: Sequence[subprocess.Popen | None]) -> None:
     for p in procs:
         if p is not None and p.poll() is None:
             p.terminate()

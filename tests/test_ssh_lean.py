@@ -116,23 +116,28 @@ async def test_a_closed_links_leftovers_never_reach_the_next_link_on_its_descrip
 
 
 def test_the_client_is_chosen_by_the_environment_and_a_bad_choice_is_refused_in_one_line() -> None:
-    assert lean.ssh_client(environ={}) == "asyncssh"
-    assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " libssh2 "}) == "libssh2"
+    assert lean.ssh_client(environ={}) == "libssh2"
+    assert lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": " asyncssh "}) == "asyncssh"
     for bad in ("libssh", "AUTO", "paramiko"):
         with pytest.raises(ValueError, match=r"^GRIDWATCH_SSH_CLIENT: expected one of asyncssh, libssh2, got") as err:
             lean.ssh_client(environ={"GRIDWATCH_SSH_CLIENT": bad})
         assert "\n" not in str(err.value)
 
 
-async def test_gridwatch_ssh_client_asyncssh_puts_every_link_of_the_process_on_asyncssh(keys, monkeypatch) -> None:
-    monkeypatch.setenv("GRIDWATCH_SSH_CLIENT", "asyncssh")  # as when it is not set
+@pytest.mark.parametrize("said", ["", "asyncssh"])
+async def test_libssh2_reads_the_links_unless_gridwatch_ssh_client_says_asyncssh(keys, monkeypatch, said: str) -> None:
+    if said:
+        monkeypatch.setenv("GRIDWATCH_SSH_CLIENT", said)
+    else:
+        monkeypatch.delenv("GRIDWATCH_SSH_CLIENT", raising=False)
     ra = await start_agent(keys, interval=0.1)
     fleet, frames = make_fleet(ra, keys)
     await fleet.start()
     try:
         link = next(iter(fleet.links.values()))
         await wait_until(lambda: of_type(frames, p.Sample), what="a sample")
-        assert isinstance(fleet._conns[link.endpoint], asyncssh.SSHClientConnection)  # noqa: SLF001
+        expected = asyncssh.SSHClientConnection if said else lean.LeanConnection
+        assert isinstance(fleet._conns[link.endpoint], expected)  # noqa: SLF001
     finally:
         await fleet.stop()
         await stop_agent(ra)

@@ -653,6 +653,7 @@ class Fleet:
             else:
                 fresh = self._in_order(link, frame.seq, 0.0 if isinstance(frame, p.Sample) else None)
             if not fresh:
+                link.repeated += 1
                 return
         self.on_frame(link, frame)
 

@@ -14,8 +14,7 @@ with the checks asyncssh's connection makes for us:
 Failures are raised as the asyncssh errors they correspond to, so :func:`gridwatch.sshlink.links.explain`
 says the same sentence whichever library carried the link. Only agents' links come here: a relay's link
 (a handful, with keepalives) stays on asyncssh. Without ssh2-python installed, :data:`AVAILABLE` is False and
-every link is asyncssh's. It is opt-in: ``GRIDWATCH_SSH_CLIENT=libssh2`` (in a unit's ``Environment=``) turns it on;
-the suite saw links behind it deliver late in a few full runs, not yet explained.
+every link is asyncssh's; ``GRIDWATCH_SSH_CLIENT=asyncssh`` (in a unit's ``Environment=``) makes it so on purpose.
 """
 
 from __future__ import annotations
@@ -60,17 +59,17 @@ class Unexplained(ConnectionError):
 
 
 CLIENT_ENV = "GRIDWATCH_SSH_CLIENT"
-CLIENTS = ("asyncssh", "libssh2")  # asyncssh: every link asyncssh's (the default); libssh2: agents' links in C
+CLIENTS = ("asyncssh", "libssh2")  # libssh2 (the default): agents' links in C where installed; asyncssh: every link
 READ_SIZE = 65536  # a read takes what the socket holds: many frames after a pause, one in steady state
 STDERR_SIZE = 4096
 _EXTENDED_STDERR = asyncssh.EXTENDED_DATA_STDERR
 
 
 def ssh_client(environ: Mapping[str, str] | None = None) -> str:
-    """Who reads the agents' links: ``GRIDWATCH_SSH_CLIENT`` when set, else "asyncssh"; ValueError in one line."""
+    """Who reads the agents' links: ``GRIDWATCH_SSH_CLIENT`` when set, else "libssh2"; ValueError in one line."""
     text = (os.environ if environ is None else environ).get(CLIENT_ENV, "").strip()
     if not text:
-        return "asyncssh"
+        return "libssh2"
     if text not in CLIENTS:
         raise ValueError(f"{CLIENT_ENV}: expected one of {', '.join(CLIENTS)}, got {text!r}")
     return text

@@ -71,6 +71,7 @@ class NodeLink:
     last_frame_at: float | None = None
     last_seq: int = 0
     frames: int = 0  # frames received and decoded
+    repeated: int = 0  # of them, numbered frames already had (a resume's overlap): dropped
     gaps: int = 0  # frames the agent no longer had when we asked
     bad_frames: int = 0
     hello: p.Hello | None = None
@@ -141,8 +142,9 @@ class FleetOptions:
     # on_frame (they are the console's), and an agent's restart makes no gap here (the console counts it
     # against its own last seq when the new boot's hello reaches it).
     relaying: bool = False
-    # Who reads an agent's packets: "auto" as GRIDWATCH_SSH_CLIENT says (asyncssh unless it says libssh2),
-    # "libssh2" (gridwatch.sshlink.lean, where installed) or "asyncssh". A relay's own link is asyncssh's either way.
+    # Who reads an agent's packets: "auto" as GRIDWATCH_SSH_CLIENT says (libssh2 unless it says asyncssh),
+    # "libssh2" (gridwatch.sshlink.lean, where installed: half asyncssh's CPU per message) or "asyncssh".
+    # A relay's own link is asyncssh's either way.
     ssh_client: str = "auto"
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
