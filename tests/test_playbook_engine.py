@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gridwatch.playbooks.clock import ManualClock
 from gridwatch.playbooks.engine import Engine
 from gridwatch.playbooks.loader import load_builtin
@@ -440,6 +442,29 @@ def test_the_worker_an_application_xid_kills_is_that_xids_incident_not_a_second_
         == ["trainer-restarted"]
     clock.advance(300.0)
     assert [p.incident.playbook for p in engine.observe("node2", restarted)] == ["trainer-restarted"]
+
+
+@pytest.mark.parametrize(("first", "then"), [
+    ({"kind": "trainer_exit", "details": {"process": "gone"}}, {"kind": "trainer_restarted"}),
+    ({"kind": "trainer_exit", "details": {"process": "unknown"}}, {"kind": "trainer_restarted"}),
+    ({"kind": "trainer_exit", "details": {"process": "gone"}}, {"kind": "worker_failed"}),
+    ({"kind": "worker_failed"}, {"kind": "trainer_exit", "details": {"process": "gone"}}),
+])
+def test_one_workers_death_told_twice_is_one_incident(first: dict, then: dict) -> None:
+    # The drill's crashed worker on a loaded machine: its trainer's link says it exited (gone, or not known yet)
+    # before torchrun's restart is told; one death, one incident, one scene, one page.
+    clock = ManualClock(0.0)
+    engine = Engine(load_builtin(), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    plans = engine.observe("node2", Event(node="node2", severity="error", source="trainer", **first))
+    assert len(plans) == 1
+    clock.advance(3.0)
+    assert engine.observe("node2", Event(node="node2", severity="error", source="trainer", **then)) == []
+    (incident,) = [i for i in engine.incidents() if i.state != "closed"]
+    assert incident.id == plans[0].incident.id and incident.symptoms == 2
+    assert any("consequence" in note for note in incident.notes)
+    # The same telling on another node is that node's own death.
+    assert len(engine.observe("node3", Event(node="node3", severity="error", source="trainer", **then))) == 1
 
 
 def test_a_worker_that_died_while_its_node_was_out_joins_that_fault_even_after_its_incident_closed() -> None:
