@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from frame_fleet import FrameFleet  # noqa: E402
 from frame_stages import print_stages, stage_profile  # noqa: E402
 
 
@@ -38,43 +36,11 @@ def main() -> int:
 
     from loguru import logger
 
-    from gridwatch.agent.sources.simulated import SimulatedGpus
-    from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
-    from gridwatch.playbooks.clock import ManualClock
-    from gridwatch.wire import protocol as p
+    from gridwatch.wire.protocol import decode_agent_frame as decode
 
     logger.remove()
-    clock = ManualClock(1_700_000_000.0)
-    tmp = Path(tempfile.mkdtemp(prefix="gw-frame-"))
-    names = [f"node{i:05d}" for i in range(args.nodes)]
-    gpus = [SimulatedGpus(8, seed=i, clock=clock.now) for i in range(args.nodes)]
-    hello_gpus = gpus[0].info()
-    full: list[list[bytes]] = []
-    summary: list[list[bytes]] = []
-    for r in range(args.rounds):
-        clock.advance(1.0)
-        row_full, row_summary = [], []
-        for i, name in enumerate(names):
-            sample = p.Sample(node=p.Text(name), seq=r + 2, ts=clock.now(), gpus=gpus[i].sample(),
-                              host=p.HostSample(cpu_percent=20.0, mem_used_mb=1e5, mem_total_mb=5e5,
-                                                nics=[p.NicSample(name=p.Text("ib0"), rx_bps=1e9, tx_bps=1e9)]),
-                              trainer=p.TrainerStatus(job=p.Text("llm"), phase=p.Text("training"), step=100 + r,
-                                                      loss=2.0, step_time_s=0.5, world_size=args.nodes * 8))
-            row_full.append(p.encode(sample))
-            brief = p.summarize(sample)
-            brief.every, brief.after = 1.0, r + 1
-            row_summary.append(p.encode(brief))
-        full.append(row_full)
-        summary.append(row_summary)
-
-    def fresh() -> tuple[Any, list[SimpleNamespace]]:
-        runtime = build_runtime(RuntimeOptions(endpoints=[], key_path=str(tmp / "k"), known_hosts=str(tmp / "kh"),
-                                               db_path=":memory:", acting=False), clock=clock)
-        links = [SimpleNamespace(endpoint=n, name=n) for n in names]
-        for i, name in enumerate(names):
-            runtime.store.set_link(name, "connected", name=name)
-            runtime.on_frame(links[i], p.Hello(node=p.Text(name), interval=1.0, gpus=hello_gpus, ts=clock.now()))
-        return runtime, links
+    fleet = FrameFleet.make(args.nodes, args.rounds)
+    clock, names, full, summary, fresh = fleet.clock, fleet.names, fleet.full, fleet.summary, fleet.fresh
 
     def per_frame(rows: list[list[bytes]]) -> float:
         runtime, links = fresh()
@@ -84,7 +50,7 @@ def main() -> int:
             for r in (run % len(rows), (run + 1) % len(rows)):
                 clock.advance(1.0)
                 for i, line in enumerate(rows[r]):
-                    runtime.on_frame(links[i], p.decode_agent_frame(line))
+                    runtime.on_frame(links[i], decode(line))
             if run:  # the first run fills the histories: not measured
                 best = min(best, (time.process_time() - t0) / (2 * len(names)))
         return best * 1e6
@@ -96,7 +62,7 @@ def main() -> int:
     print(f"  summaries:              {s:.1f} µs CPU per frame; ratio summary/full {s / f:.2f}")
     if args.profile:
         runtime, links = fresh()
-        print_stages(stage_profile(runtime, links, summary, clock.advance, p.decode_agent_frame), s)
+        print_stages(stage_profile(runtime, links, summary, clock.advance, decode), s)
     return 0
 
 

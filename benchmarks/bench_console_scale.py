@@ -25,6 +25,12 @@ node between ticks, in the heatmap's two zooms and two sorts.
     .venv/bin/python benchmarks/bench_console_scale.py [--agents 2500] [--seconds 30] [--summary-every auto] [--redraw-nodes 12500]
         [--modes summary,relayed] [--relays 5] [--profile]
 
+``--cadences 4,2`` measures each mode once per cadence on the same swarm and fits the console's CPU a second
+against the summaries it received a second: the slope is what a summary costs the running console (to hold
+against bench_console_frame.py's in-process figure), the intercept what it spends a second whatever the frames
+(the fleet view's redraws, the runtime's and Textual's timers), which a cost per summary at one cadence spreads
+over the summaries.
+
 ``GRIDWATCH_BENCH_MISMATCH=1`` prints each node whose frames sent and received differ, with the counts at
 both ends of the window (a node given an XID differs by one, its event).
 
@@ -58,6 +64,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frame_fleet import Gauge  # noqa: E402
 from measure import ROOT, stop_all  # noqa: E402
 from profile_stages import read_raw, table  # noqa: E402
 
@@ -67,6 +74,9 @@ MODES = ("summary", "relayed", "full")
 PROJECT_TO = 12_500
 XID_CODE = 79
 SIZE = (200, 60)
+# The gauge: this many summaries of a fleet of its own each second, about 1 ms of the console's CPU.
+GAUGE_EVERY_S = 1.0
+GAUGE_FRAMES = 50
 
 
 # ------------------------------------------------------------------------------ one console
@@ -131,6 +141,14 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
             summaries[0] += 1
 
     runtime.hooks.frame.append(on_frame)
+    # The in-process figure measured here and now (frame_fleet.Gauge): its CPU is left out of the console's.
+    gauge = Gauge.make()
+
+    async def gauging() -> None:
+        while True:
+            await asyncio.sleep(GAUGE_EVERY_S)
+            gauge.feed(GAUGE_FRAMES)
+
     app = GridwatchApp(runtime, tick_seconds=1.0)
     ticks: list[float] = []
     async with app.run_test(size=SIZE) as pilot:
@@ -144,6 +162,7 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
             ticks.append(time.process_time() - t0)
 
         screen.tick = timed_tick
+        gauge_task = asyncio.ensure_future(gauging())
         print("ready", flush=True)
         loop = asyncio.get_running_loop()
         # GRIDWATCH_BENCH_PROFILE=FILE: the console's own profile over the window ("profile" at each end),
@@ -187,7 +206,9 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
                               "relays": {str(ep): [str(r.state), r.messages, r.bad_frames, r.reads]
                                          for ep, r in getattr(fleet, "relays", {}).items()},
                               "redraw_ms": 1000 * statistics.median(ticks[-30:]) if ticks else None,
-                              "redraws": len(ticks), "tick_cpu": sum(ticks)}), flush=True)
+                              "redraws": len(ticks), "tick_cpu": sum(ticks),
+                              "gauge_cpu": gauge.cpu_s, "gauge_frames": gauge.frames}), flush=True)
+        gauge_task.cancel()
         await runtime.stop()
 
 
@@ -320,8 +341,8 @@ def settled(consoles: dict[str, subprocess.Popen], timeout: float = 120) -> dict
 
 
 def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tuple[str, ...], tmp: Path,
-            keys: Any, spec: str, round_no: int) -> dict[str, Any]:
-    """Consoles in ``modes`` at once on the running swarm: one window, the agents paused at both ends."""
+            keys: Any, spec: str, round_no: int, every: str) -> dict[str, Any]:
+    """Consoles in ``modes`` at once on the running swarm, summaries ``every``: one window, the agents paused at both ends."""
     consoles: dict[str, subprocess.Popen] = {}
     relays: list[Relay] = []
     try:
@@ -331,7 +352,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             consoles[mode] = subprocess.Popen(
                 [sys.executable, __file__, "--serve-console", mode, "--spec", spec, "--key", str(keys.viewer_key),
                  "--known-hosts", str(keys.known_hosts), "--db", str(tmp / f"{mode}.db"),
-                 "--summary-every", str(args.summary_every),
+                 "--summary-every", every,
                  *(["--relays-spec", json.dumps({r.address: r.nodes for r in relays})] if mode == "relayed" else [])],
                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=(tmp / f"{mode}.log").open("w"), text=True)
         for mode, c in consoles.items():
@@ -403,7 +424,10 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             bad += b["links"][port][2] - a["links"][port][2]
         detect = sorted(t - injected[port.rsplit(":", 1)[-1]] for port, t in b["xids"]
                         if port.rsplit(":", 1)[-1] in injected)
-        cpu = ends[mode]["cpu"] - a["cpu"]
+        # The gauge's own CPU is not the console's.
+        gauge_cpu = ends[mode]["gauge_cpu"] - a["gauge_cpu"]
+        gauge_frames = ends[mode]["gauge_frames"] - a["gauge_frames"]
+        cpu = ends[mode]["cpu"] - a["cpu"] - gauge_cpu
         nodes = max(min(a["connected"], b["connected"]), 1)  # the links that streamed through the window
         out[mode] = {
             "nodes": nodes, "connected": (a["connected"], b["connected"]),
@@ -416,6 +440,7 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             "xid_median_s": statistics.median(detect) if detect else None, "xids_seen": len(detect),
             "redraw_ms": b["redraw_ms"], "redraws": ends[mode]["redraws"] - a["redraws"],
             "tick_us_per_node_s": 1e6 * (ends[mode]["tick_cpu"] - a["tick_cpu"]) / window / nodes,
+            "in_process_us": 1e6 * gauge_cpu / gauge_frames if gauge_frames else None,
             "gc_us_per_node_s": [1e6 * (b["gc_s"][g] - a["gc_s"][g]) / window / nodes for g in range(3)],
             "gc_per_s": [(b["gc_n"][g] - a["gc_n"][g]) / window for g in range(3)],
         }
@@ -462,11 +487,15 @@ def part1(args: argparse.Namespace) -> dict[str, Any]:
     swarm = start_swarm(args.agents, args.base_port, keys.dir, lean=not args.full_cost_swarm, logs=tmp)
     out: dict[str, Any] = {}
     try:
-        if args.together:
-            out.update(measure(args, swarm, modes, tmp, keys, spec, 0))
-        else:
-            for round_no, mode in enumerate(modes):
-                out.update(measure(args, swarm, (mode,), tmp, keys, spec, round_no))
+        cadences = args.cadences.split(",") if args.cadences else [args.summary_every]
+        round_no = 0
+        for every in cadences:
+            # With --cadences each window's key names its cadence: "summary@2", "relayed@4".
+            at = f"@{every}" if args.cadences else ""
+            for group in [modes] if args.together else [(mode,) for mode in modes]:
+                got = measure(args, swarm, group, tmp, keys, spec, round_no, every)
+                out.update({mode + at: m for mode, m in got.items()})
+                round_no += 1
     finally:
         stop_all(swarm)
     return out
@@ -537,6 +566,35 @@ def part2(nodes: int, ticks: int = 10, changed: float = 1.0) -> dict[str, float]
     return results
 
 
+def relays_us_per_node_s(m: dict[str, Any]) -> float:
+    """A relayed window's relays together: their CPU µs per node carried per second."""
+    return 1e6 * m["relays_cpu_s"] / m["window_s"] / max(sum(rl["nodes"] for rl in m["relays"]), 1)
+
+
+def cost_fit(windows: list[dict[str, Any]]) -> tuple[float, float, float | None]:
+    """A console's CPU a second against the summaries it received a second, over windows at different cadences.
+
+    A least-squares line: its slope is what one more summary costs (µs), its intercept what the console spends
+    a second whatever the frames (ms: the fleet view's redraws, the runtime's and Textual's timers). The first
+    is the figure to hold against bench_console_frame.py's in-process cost per frame; per summary at one
+    cadence the second is spread over the summaries and hides it. The relays' is the slope of their CPU against
+    the frames they carried (µs per frame), or None for a window without relays.
+    """
+    def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else float("nan")
+        return slope, my - slope * mx
+
+    rates = [w["summaries_per_node_s"] * w["nodes"] for w in windows]  # summaries a second
+    slope, intercept = line(rates, [w["us_per_node_s"] * w["nodes"] for w in windows])  # µs a second
+    relays = None
+    if all("relays" in w for w in windows):
+        carried = [sum(rl["lines"] for rl in w["relays"]) / w["window_s"] for w in windows]
+        relays = line(carried, [1e6 * w["relays_cpu_s"] / w["window_s"] for w in windows])[0]
+    return slope, intercept / 1e3, relays
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -544,6 +602,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--summary-every", default="auto", metavar="SECONDS|auto",
                     help="the summary console's cadence (default auto: by the number of agents)")
+    ap.add_argument("--cadences", default="", metavar="S,S",
+                    help="measure each mode once per cadence (seconds or auto, comma-separated) on the same swarm, and "
+                         "fit CPU against summaries received: the console's cost per summary apart from its cost per "
+                         "second (redraws, ticks, timers) whatever the frames")
     ap.add_argument("--connect-wait", type=float, default=300.0, metavar="S",
                     help="how long a console may take to reach every agent before it is measured with those it has")
     ap.add_argument("--modes", default="full,summary",
@@ -604,7 +666,11 @@ def main() -> int:
     if not args.skip_ssh:
         from gridwatch.console.runtime.config import parse_summary_every
 
-        parse_summary_every(args.summary_every)  # a bad value fails here, not in a console started later
+        for every in [args.summary_every, *filter(None, args.cadences.split(","))]:
+            parse_summary_every(every)  # a bad value fails here, not in a console started later
+        if args.cadences and len(set(args.cadences.split(","))) < 2:
+            print("--cadences needs two different cadences at least (seconds or auto, comma-separated)", file=sys.stderr)
+            return 2
         if args.profile:
             spy = Path(sys.executable).parent / "py-spy"
             if not spy.is_file():
@@ -647,6 +713,11 @@ def main() -> int:
                 aside = (m["us_per_node_s"] - m["tick_us_per_node_s"]) / m["summaries_per_node_s"]
                 print(f"           {per:.1f} us CPU per summary received; {aside:.1f} with the fleet view's ticks "
                       f"aside ({m['tick_us_per_node_s']:.1f} us per node per second)")
+                if m["in_process_us"]:
+                    gauge = m["in_process_us"]
+                    print(f"           in-process figure in the same window (a summary's decode, store, engine and "
+                          f"goodput, in this process): {gauge:.1f} us; per summary {per / gauge:.2f}x it, "
+                          f"{aside / gauge:.2f}x with the ticks aside")
             if m.get("stages") is not None and m["summaries_per_node_s"]:
                 print("           by stage (py-spy samples):")
                 print("\n".join("       " + row for row in table(m["stages"], per, "us/summary")))
@@ -662,20 +733,31 @@ def main() -> int:
                     print(f"             {per:.1f} us CPU per frame carried; by stage (py-spy samples):")
                     print("\n".join("         " + row for row in table(rl["stages"], per, "us/frame")))
             if "relays" in m:
-                carried = sum(rl["nodes"] for rl in m["relays"])
-                print(f"           relays together: {1e6 * m['relays_cpu_s'] / m['window_s'] / carried:.1f} us CPU per node "
+                print(f"           relays together: {relays_us_per_node_s(m):.1f} us CPU per node "
                       f"per second ({100 * m['relays_cpu_s'] / m['window_s']:.1f} % of a core); console + relays "
-                      f"{m['us_per_node_s'] + 1e6 * m['relays_cpu_s'] / m['window_s'] / carried:.1f} us")
+                      f"{m['us_per_node_s'] + relays_us_per_node_s(m):.1f} us")
             ok = ok and m["missing"] == 0 and m["gaps"] == 0 and m["bad"] == 0 and m["connected"][0] == args.agents
-        if "full" in r and "summary" in r:
-            print(f"  summary/full CPU ratio {r['summary']['us_per_node_s'] / r['full']['us_per_node_s']:.2f}")
-        if "relayed" in r and "summary" in r:
-            rel, direct = r["relayed"], r["summary"]
-            carried = sum(rl["nodes"] for rl in rel["relays"])
-            with_relays = rel["us_per_node_s"] + 1e6 * rel["relays_cpu_s"] / rel["window_s"] / carried
-            print(f"  relayed/direct console CPU ratio {rel['us_per_node_s'] / direct['us_per_node_s']:.2f} "
-                  f"({rel['us_per_node_s']:.1f} / {direct['us_per_node_s']:.1f} us per node per second); "
-                  f"console + relays against direct {with_relays / direct['us_per_node_s']:.2f}")
+        cadences = args.cadences.split(",") if args.cadences else [""]
+        for at in (f"@{c}" if c else "" for c in cadences):
+            if "full" + at in r and "summary" + at in r:
+                print(f"  summary/full CPU ratio{at} {r['summary' + at]['us_per_node_s'] / r['full' + at]['us_per_node_s']:.2f}")
+            if "relayed" + at in r and "summary" + at in r:
+                rel, direct = r["relayed" + at], r["summary" + at]
+                with_relays = rel["us_per_node_s"] + relays_us_per_node_s(rel)
+                print(f"  relayed/direct console CPU ratio{at} {rel['us_per_node_s'] / direct['us_per_node_s']:.2f} "
+                      f"({rel['us_per_node_s']:.1f} / {direct['us_per_node_s']:.1f} us per node per second); "
+                      f"console + relays against direct {with_relays / direct['us_per_node_s']:.2f}")
+        if args.cadences:
+            for mode in (m for m in MODES if m in args.modes.split(",")):
+                windows = [r[f"{mode}@{c}"] for c in cadences]
+                per, fixed, relayed = cost_fit(windows)
+                gauges = [w["in_process_us"] for w in windows if w["in_process_us"]]
+                against = f" ({per / statistics.fmean(gauges):.2f}x the in-process figure of those windows)" if gauges else ""
+                # Below zero, the cost a summary grows with the rate (more summaries, dearer each): no line holds.
+                rest = (f"{fixed:.1f} ms CPU a second whatever the frames (redraws, ticks, timers)" if fixed >= 0 else
+                        f"and no cost a second apart from them ({fixed:.1f} ms: each summary dearer at the faster cadence)")
+                print(f"  {mode}, fitted over the cadences {args.cadences}: {per:.1f} us CPU per summary received{against}, {rest}"
+                      + (f"; the relays {relayed:.1f} us per frame carried" if relayed is not None else ""))
     for label, ms in ({} if args.skip_redraw else part2(args.redraw_nodes, changed=args.redraw_changed)).items():
         print(f"fleet view at {args.redraw_nodes} nodes x 8 GPUs, {args.redraw_changed:.0%} of them changed a tick "
               f"({label}): redraw median {ms:.1f} ms CPU")
