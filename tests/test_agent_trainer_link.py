@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from gridwatch.sshlink.client import Fleet, FleetOptions
 from gridwatch.sshlink.hostlist import parse_endpoints
 from gridwatch.trainer.control_server import ControlServer
@@ -162,6 +164,37 @@ def test_a_restarted_trainer_dates_its_crash_at_its_previous_lifes_last_answer()
     link.answered(p.TrainerStatus(phase=p.Text("training"), step=6, pid=1002, events=[again]))
     (event,) = link.take_events()
     assert p.fault_time(event) == told
+
+
+async def test_a_killed_workers_crash_is_dated_at_its_death_not_at_its_last_answer():
+    """A worker answers the link once a second; killed between two polls, its crash is dated when the
+    kernel says its process ended (a pidfd), after its last answer, not up to a poll before the kill."""
+    import signal
+    import subprocess
+    import sys
+
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        link = TrainerLink("/nonexistent.sock", grace=15.0)
+        link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=worker.pid))
+        if link.exits.unavailable:
+            pytest.skip(f"this kernel gives no pidfds: {link.exits.unavailable}")
+        last_heard = link.last_ok
+        killed = time.time()
+        worker.send_signal(signal.SIGKILL)
+        await wait_until(lambda: link.exits.exited_at(worker.pid) is not None, 10, "the worker's exit read")
+        link.unanswered("no trainer is listening")
+        restart = p.Event(kind=p.Text("trainer_restarted"), severity=p.Text("error"), source=p.Text("trainer"),
+                          seq=1, ts=time.time() + 6.0, message=p.Text("restarted by torchrun (restart 1)"))
+        link.answered(p.TrainerStatus(phase=p.Text("joining"), step=5, pid=os.getpid(), events=[restart]))
+        (event,) = link.take_events()
+        assert last_heard is not None and p.fault_time(event) >= killed >= last_heard, (p.fault_time(event), killed)
+    finally:
+        worker.kill()
+        worker.wait()
+        await link.stop()
 
 
 def test_a_trainer_that_had_left_the_job_and_starts_again_is_a_return_not_a_crash():

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from gridwatch.agent.exit_watch import ExitWatch
 from gridwatch.agent.sources import Reading
 from gridwatch.wire import protocol as p
 
@@ -62,6 +63,9 @@ class TrainerLink:
         # had left or was kept out (a return, not a crash), and when it last answered (the crash's time).
         self._previous_left = False
         self._previous_last_ok: float | None = None
+        # When each life's process exited, read from the kernel: a crash is dated at the death itself, not at
+        # the life's last answer up to a poll earlier.
+        self.exits = ExitWatch()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll_forever())
@@ -73,6 +77,7 @@ class TrainerLink:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        self.exits.close()
 
     def read(self) -> Reading:
         """The sampler's view: the newest status and the events since the last read."""
@@ -138,6 +143,12 @@ class TrainerLink:
         if self.attached and now - self._silent_since >= self.grace:
             self.attached = False
             process = self._process()
+            # It began to fail when it went silent, not when the grace ran out; when its process is gone and
+            # the kernel said when, that is the time.
+            began = time.time() - (now - self._silent_since)
+            died = self.exits.exited_at(self.status.pid if self.status is not None else None)
+            if died is not None and died <= began:
+                began = died
             logger.warning("trainer at {} stopped answering for {:.0f} s ({}): {}", self.socket_path,
                            now - self._silent_since, PROCESS_WORDS[process], why)
             self._events.append(
@@ -145,8 +156,7 @@ class TrainerLink:
                         message=p.Text(f"the local trainer stopped answering for {now - self._silent_since:.0f} s "
                                        f"({PROCESS_WORDS[process]}: {why})"),
                         details={p.Text("process"): p.Text(process),
-                                 # It began to fail when it went silent, not when the grace ran out.
-                                 p.Text(p.FAULT_AT): p.Text(f"{time.time() - (now - self._silent_since):.3f}")})
+                                 p.Text(p.FAULT_AT): p.Text(f"{began:.3f}")})
             )
             if self.status is not None:
                 self.status.phase = p.TrainerPhase.GONE
@@ -180,7 +190,8 @@ class TrainerLink:
             assert self.status is not None
             self._previous_left = self.status.phase == p.TrainerPhase.LEFT or (
                 kept_out and self.status.phase in (p.TrainerPhase.JOINING, p.TrainerPhase.STARTING))
-            self._previous_last_ok = before
+            died = self.exits.exited_at(previous_pid)
+            self._previous_last_ok = died if died is not None and died >= before else before
             self._life_was_out = self.node_out
         else:
             self._life_was_out = self._life_was_out or self.node_out
@@ -199,6 +210,8 @@ class TrainerLink:
             self._events.extend(fresh)
         status.events = []  # relayed once as events, not again in every sample
         self.status = status
+        if status.pid:
+            self.exits.watch(status.pid)
 
 
 def _as_return(events: list[p.Event]) -> None:
@@ -214,10 +227,11 @@ def _as_return(events: list[p.Event]) -> None:
 
 
 def _date_restart(events: list[p.Event], last_heard: float) -> None:
-    """A restarted trainer's report of its restart dates the fault at its previous life's last answer.
+    """A restarted trainer's report of its restart dates the fault at its previous life's death.
 
     The new process says it was restarted only once it is up again (torch imported, seconds later); the
-    previous one died after it last answered this link, which is the nearest measured time of the crash.
+    previous one died when the kernel said its process exited or, where that cannot be read, after it last
+    answered this link, the nearest measured time of the crash then.
     """
     for event in events:
         if event.kind == "trainer_restarted" and p.FAULT_AT not in event.details:
