@@ -75,7 +75,7 @@ def test_the_demo_takes_the_same_setting_and_refuses_a_bad_one() -> None:
     assert res.returncode == 2 and "--summary-every: expected \"auto\"" in res.stderr and "got '-3'" in res.stderr
 
 
-def test_a_fleet_on_slow_summaries_is_redrawn_at_their_cadence_at_least_every_2_s_a_small_one_every_tick() -> None:
+def test_a_fleet_on_slow_summaries_is_redrawn_at_their_cadence_at_least_every_5_s_a_small_one_every_tick() -> None:
     from types import SimpleNamespace
 
     from gridwatch.console.fleet.state import StateStore
@@ -89,5 +89,7 @@ def test_a_fleet_on_slow_summaries_is_redrawn_at_their_cadence_at_least_every_2_
     assert app.redraw_every() == 1.0  # a summary per sample: every tick
     runtime.fleet.options.summary_every = 2.0  # type: ignore[union-attr]
     assert app.redraw_every() == 2.0  # 500 nodes: a node's reading changes every 2 s
-    runtime.fleet.options.summary_every = 5.0  # type: ignore[union-attr]
-    assert app.redraw_every() == 2.0  # 1,250 nodes and more: never further behind than 2 s
+    runtime.fleet.options.summary_every = 4.0  # type: ignore[union-attr]
+    assert app.redraw_every() == 4.0  # 1,000 nodes: as often as a node's reading changes
+    runtime.fleet.options.summary_every = 30.0  # type: ignore[union-attr]
+    assert app.redraw_every() == 5.0  # a cadence set slower than auto's: never further behind than 5 s

@@ -43,9 +43,13 @@ VIEWS: dict[str, type[ViewScreen]] = {
 _LINE_ENDING_KEYS = frozenset({"enter", "escape"})
 # Held keys are looked at again this often, should nothing else hand them on (a safety net).
 _HOLD_RECHECK_S = 1.0
-# A view of the whole fleet is redrawn at least this often, however slow its summaries (a 5 s cadence at 2,500
-# nodes): the screen is never further behind than that. A whole number of the 1 s ticks it is redrawn on.
-REDRAW_AT_LEAST_S = 2.0
+# A view of the whole fleet is redrawn at least this often, however slow its summaries: as often as they come
+# up to auto's slowest cadence (5 s from 1,250 nodes). A redraw between two summaries of a node shows none of its
+# news, and at 1,000 nodes a redraw and its paint cost the console about as much as all of its summaries do
+# (BENCHMARKS.md, issue 25's eighth round). What is news rather than a reading (an event, a link going stale or
+# down, an incident) is drawn at the next tick whatever this says; the ages in the SEEN column move in steps of
+# the cadence. A whole number of the 1 s ticks it is redrawn on.
+REDRAW_AT_LEAST_S = 5.0
 
 
 class GridwatchApp(App[None]):
