@@ -29,12 +29,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# GRIDWATCH_TEST_WAITS=1 prints how long each wait took (`pytest -s`): where a slow test spends its time.
+_SHOW_WAITS = os.environ.get("GRIDWATCH_TEST_WAITS") == "1"
+
+
+def _waited(what: str, started: float) -> None:
+    if _SHOW_WAITS:
+        print(f"\n[wait] {time.monotonic() - started:6.2f} s  {what}", flush=True)
+
+
 async def wait_until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
     """Poll ``cond`` until it is truthy; fail the test with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         value = cond()
         if value:
+            _waited(what, started)
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
@@ -43,10 +54,12 @@ async def wait_until(cond: Callable[[], object], timeout: float = 10.0, what: st
 
 async def wait_until_async(cond: Callable[[], Awaitable[object]], timeout: float = 10.0, what: str = "condition") -> object:
     """``wait_until`` for a condition that must itself await (a request over a session, a connect attempt)."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         value = await cond()
         if value:
+            _waited(what, started)
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
@@ -54,10 +67,12 @@ async def wait_until_async(cond: Callable[[], Awaitable[object]], timeout: float
 
 
 def wait_until_sync(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         value = cond()
         if value:
+            _waited(what, started)
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
