@@ -24,12 +24,15 @@ from typing import Any
 
 import msgspec
 import torch
-import torch.distributed.checkpoint as dcp
 from loguru import logger
 
 from gridwatch.trainer.private import NotPrivate, make_private, make_private_dir, open_private_dir, open_private_file, refusal
 from gridwatch.wire.control import pid_alive
 
+# torch.distributed.checkpoint is imported where a checkpoint is written or read, not with this
+# module. Importing it (its planner pulls in sympy and the compiler's modules) is 1.1 s on top of torch's
+# 2.5 s, and every worker imports this module for its manifests: a worker that starts fresh, or restores from
+# a peer's memory, never reads a checkpoint with DCP, and a restarted one trains 1.1 s sooner.
 MANIFEST = "manifest.json"
 FORMAT = 1
 _PREFIX = "step-"
@@ -124,6 +127,8 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: Path) -> None:
     ``Exception``) wrapping the cause; it is turned into an ``OSError`` here,
     ENOSPC when the device is full, so callers meet one ordinary error type.
     """
+    import torch.distributed.checkpoint as dcp  # late, see the note above MANIFEST
+
     try:
         dcp.save(tensors, checkpoint_id=str(directory), no_dist=True)
     except BaseException as exc:
@@ -265,6 +270,8 @@ def validate(path: Path, model: str | None = None) -> Manifest:
 
 def load_tensors(path: Path, into: dict[str, torch.Tensor]) -> None:
     """Fill ``into`` in place from the checkpoint at ``path`` (validate it first)."""
+    import torch.distributed.checkpoint as dcp  # late, see the note above MANIFEST
+
     fd = _open_step(path)
     try:
         _check_entries(path, fd)
