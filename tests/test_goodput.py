@@ -115,6 +115,36 @@ def test_the_incident_costs_its_steps_and_gpu_hours_and_the_run_has_mttd_mttr_mt
     assert tracker.reliability(now=clock.now()).mttd_s == 6.0
 
 
+@pytest.mark.parametrize("second_says", [37, 36])
+def test_a_restore_counts_every_step_done_twice_though_a_stale_summary_held_the_top_up(second_says: int) -> None:
+    # Two nodes at step 40, one a second; the job restores step 36. node-1 says 36 first while node-3's last
+    # summary, from before the restore, still says 40; by node-3's next one the job is at 37 (or still at 36).
+    clock = ManualClock(T0)
+    span = IncidentSpan("inc-1", fault_at=T0 + 40.5, detected_at=T0 + 41, recovered_at=None)
+    tracker = GoodputTracker(clock, incidents=lambda: [span])
+
+    def say(t: float, node: str, step: int) -> None:
+        clock.set(T0 + t)
+        tracker.observe(node, status("training", step, world=2), GPUS)
+
+    for k in range(41):
+        say(k, "node-1", k)
+        say(k + 0.5, "node-3", k)
+    say(45, "node-1", 36)
+    assert tracker.rollbacks == []  # node-3's 40 holds the job's top
+    say(46.5, "node-3", second_says)
+    assert [(r.from_step, r.to_step) for r in tracker.rollbacks] == [(40, 36)]
+    assert tracker.cost(span).steps_lost == 4  # steps 37..40, done twice
+    # A node that went back long before is not the next rollback's restore.
+    for k in range(37, 80):
+        say(k + 10, "node-1", k)
+        say(k + 10.5, "node-3", k)
+    say(100, "node-1", 70)
+    say(100 + STALE_S + 1, "node-3", 75)
+    say(100 + STALE_S + 2, "node-1", 76)
+    assert [(r.from_step, r.to_step) for r in tracker.rollbacks][1:] == [(79, 75)]
+
+
 def test_a_console_with_no_trainer_has_no_goodput_and_a_long_run_stays_bounded() -> None:
     clock = ManualClock(T0)
     tracker = GoodputTracker(clock, max_pieces=200)

@@ -26,7 +26,7 @@ from gridwatch.console.fleet.goodput import (
     reliability,
 )
 from gridwatch.console.fleet.goodput_settle import Block, Windows, settle, take_back
-from gridwatch.console.fleet.jobstate import JobPhase, Trainers
+from gridwatch.console.fleet.jobstate import STALE_S, JobPhase, Trainers
 from gridwatch.playbooks.clock import Clock, SystemClock
 from gridwatch.wire.protocol import TrainerStatus
 
@@ -61,6 +61,7 @@ class GoodputTracker:
         self.rollbacks: list[Rollback] = []
         self._trainers = Trainers()  # every node's last status, and the job's state they make
         self._last_step: int | None = None
+        self._restore: tuple[float, int] | None = None  # when a trainer's own step went back, and to which
         self._folded = Breakdown(0.0, 0.0)  # stretches dropped for memory, already classified
         self._base = 0  # absolute index of pieces[0]
         self._base_step: int | None = None  # the step known at it
@@ -84,7 +85,11 @@ class GoodputTracker:
     def observe(self, node: str, status: TrainerStatus, gpus: int = 0, at: float | None = None) -> None:
         """One trainer status from ``node`` (with its GPU count); O(1), plus a piece when the job's state changed."""
         now = self.clock.now() if at is None else at
+        before = self._trainers.reports.get(node)
         self._trainers.put(node, now, status, gpus)
+        step = status.step
+        if before is not None and before.step is not None and step is not None and step < before.step:
+            self._restored_to(now, step)
         self._note(now)
 
     def forget(self, node: str, at: float | None = None) -> None:
@@ -104,7 +109,11 @@ class GoodputTracker:
             now = last.start  # clocks of two nodes interleave: time never runs backwards here
         if step is not None and step != self._last_step:
             if self._last_step is not None and step < self._last_step:
-                self.rollbacks.append(Rollback(now, self._last_step, step))
+                to = step
+                if self._restore is not None and now - self._restore[0] <= STALE_S and self._restore[1] < step:
+                    to = self._restore[1]  # a node is back further than the top shows (see _restored_to)
+                self._restore = None
+                self.rollbacks.append(Rollback(now, self._last_step, to))
             self._last_step = step
             self._stretch = self._base + len(self.pieces)
         self._learn_pace(now, step, phase, world)
@@ -117,6 +126,17 @@ class GoodputTracker:
             # The one under way is classified when read; settling it here at every piece (thousands of
             # nodes joining at one step) would cost its length each time.
             self._settled(now)
+
+    def _restored_to(self, now: float, step: int) -> None:
+        """A trainer's own step went back to ``step``: the restore it made, which the job's top may not show.
+
+        The top is the highest step any live trainer last said, so after a restore to 36 a node whose last
+        summary from before it still says 40 holds the top at 40 until it speaks again, by which time the
+        others may be at 37: the top goes 40 -> 37, three steps, where four were done twice. The lowest step
+        a trainer went back to within STALE_S (the longest a stale summary can hold the top) is the restore.
+        """
+        if self._restore is None or now - self._restore[0] > STALE_S or step < self._restore[1]:
+            self._restore = (now, step)
 
     def _learn_pace(self, now: float, step: int | None, phase: JobPhase, world: int | None) -> None:
         typ = self._typ
