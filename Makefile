@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Three workers on 2 cores: the suite waits on real servers, trainers and agents more than it computes (two
-# workers kept the CPU 57 % busy). Measured 2026-12-07: 403 and 411 s with three against 513 s with two, all
+# workers kept the CPU 58 % busy). Measured 2026-12-07: 403 and 411 s with three against 513 s with two, all
 # passing. Each test file runs whole in one worker, so a file's servers (Slurm, etcd) start once.
 TEST_WORKERS ?= 3
 

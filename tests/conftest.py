@@ -29,9 +29,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# The files that take longest (`--durations`, 2 cores), run first: `make test` gives each of its two workers a
+# The files that take longest (`--durations`, 2 cores), run first: `make test` gives each of its workers a
 # whole file at a time in collection order, and in alphabetical order these come last, one worker still on
-# them long after the other ran out of files. Longest first, the two end within a file of each other.
+# them long after the others ran out of files. Longest first, the workers end within a file of each other.
 SLOWEST_FIRST = (
     "test_slurm_e2e.py", "test_trainer_e2e.py", "test_fault_effects.py", "test_blame_e2e.py", "test_console_app.py",
     "test_chaos_drill.py", "test_loop.py", "test_trainer_checkpoint_writer.py", "test_hardening_trainer.py",

@@ -109,9 +109,8 @@ class GoodputTracker:
             now = last.start  # clocks of two nodes interleave: time never runs backwards here
         if step is not None and step != self._last_step:
             if self._last_step is not None and step < self._last_step:
-                to = step
-                if self._restore is not None and now - self._restore[0] <= STALE_S and self._restore[1] < step:
-                    to = self._restore[1]  # a node is back further than the top shows (see _restored_to)
+                back = self._recent_restore(now)
+                to = back if back is not None and back < step else step  # a node is back further than the top shows
                 self._restore = None
                 self.rollbacks.append(Rollback(now, self._last_step, to))
             self._last_step = step
@@ -135,8 +134,14 @@ class GoodputTracker:
         others may be at 37: the top goes 40 -> 37, three steps, where four were done twice. The lowest step
         a trainer went back to within STALE_S (the longest a stale summary can hold the top) is the restore.
         """
-        if self._restore is None or now - self._restore[0] > STALE_S or step < self._restore[1]:
+        back = self._recent_restore(now)
+        if back is None or step < back:
             self._restore = (now, step)
+
+    def _recent_restore(self, now: float) -> int | None:
+        """The step of the restore noted within STALE_S of ``now``, if any."""
+        restore = self._restore
+        return restore[1] if restore is not None and now - restore[0] <= STALE_S else None
 
     def _learn_pace(self, now: float, step: int | None, phase: JobPhase, world: int | None) -> None:
         typ = self._typ
