@@ -199,7 +199,13 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
             # Links up, stale ones included: the bench's pause before the window silences every agent, and a
             # node whose last summary came early enough is stale by then while its link holds.
             connected = fleet.connected
+            # Incidents opened since the console started, by playbook: the XIDs injected, and nothing else
+            # (a node the bench's own pauses made look lost is a false alarm, and its plan is CPU in the window).
+            opened: dict[str, int] = {}
+            for incident in runtime.engine.incidents(include_closed=True) if runtime.engine is not None else ():
+                opened[incident.playbook] = opened.get(incident.playbook, 0) + 1
             print(json.dumps({"cpu": time.process_time(), "rss": _rss_mb(), "rss0": rss0, "links": links,
+                              "incidents": opened,
                               "connected": connected, "xids": xids, "gc_s": gc_seconds, "gc_n": gc_counts, "summaries": summaries[0], "cadence": cadence,
                               "every": fleet.options.summary_every,
                               # Each relay's link: its state and the lines (batches) the console read from it.
@@ -346,6 +352,13 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
     consoles: dict[str, subprocess.Popen] = {}
     relays: list[Relay] = []
     try:
+        if round_no:
+            # The window before left the agents paused: each console connects to agents that stream, as a
+            # console does. Started on paused agents, it heard a hello and one summary of each, then nothing until
+            # the window: every node silent past three cadences, a heartbeat-lost incident each, planned and
+            # stored inside the window (1,000 at 1,000 nodes), and the dearer console was the one measured second.
+            for proc in swarm:
+                _ask(proc, "resume")
         if "relayed" in modes:
             relays = start_relays(args.relays, args.agents, args.base_port, keys.dir, tmp)
         for mode in modes:
@@ -410,7 +423,9 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             sent = counts[stream] - sent0[port][stream]
             # A frame the console already had (a resume's overlap) is counted apart: received twice, kept once.
             again = b["links"][port][3] - a["links"][port][3]
-            got = b["links"][port][0] - a["links"][port][0] - again
+            # An XID injected here is an event frame the agents count apart from the stream they say they sent.
+            xid = sum(1 for p, _ in b["xids"][len(a["xids"]):] if p.rsplit(":", 1)[-1] == port)
+            got = b["links"][port][0] - a["links"][port][0] - again - xid
             repeated += again
             sent_total += sent
             got_total += got
@@ -443,6 +458,9 @@ def measure(args: argparse.Namespace, swarm: list[subprocess.Popen], modes: tupl
             "in_process_us": 1e6 * gauge_cpu / gauge_frames if gauge_frames else None,
             "gc_us_per_node_s": [1e6 * (b["gc_s"][g] - a["gc_s"][g]) / window / nodes for g in range(3)],
             "gc_per_s": [(b["gc_n"][g] - a["gc_n"][g]) / window for g in range(3)],
+            "incidents": {pb: n - a["incidents"].get(pb, 0) for pb, n in b["incidents"].items()
+                          if n > a["incidents"].get(pb, 0)},
+            "incidents_before": a["incidents"],
         }
         if mode == "relayed":
             # Each relay's own CPU over the same window, per node it carries: the tier's cost, beside the console's.
@@ -704,6 +722,13 @@ def main() -> int:
                   f"{'-' if m['xid_median_s'] is None else round(m['xid_median_s'], 3)} s; "
                   f"redraw median {m['redraw_ms'] or 0:.1f} ms CPU, {m['redraws']} redraws in the window (the "
                   f"fleet view's tick; news redraws at once)")
+            others = {pb: n for pb, n in m["incidents"].items() if pb != "xid-hardware"}
+            print("           incidents opened in the window: "
+                  + (", ".join(f"{pb} {n}" for pb, n in sorted(m["incidents"].items())) or "none")
+                  + (f" (false alarms: {', '.join(f'{pb} {n}' for pb, n in sorted(others.items()))})" if others else
+                     ", nothing but the XIDs")
+                  + (f"; before it: {', '.join(f'{pb} {n}' for pb, n in sorted(m['incidents_before'].items()))}"
+                     if m["incidents_before"] else ""))
             print("           of it the garbage collector: " + ", ".join(
                 f"gen {g} {m['gc_per_s'][g]:.1f}/s {m['gc_us_per_node_s'][g]:.1f} us" for g in range(3)))
             if m["summaries_per_node_s"]:
@@ -736,7 +761,8 @@ def main() -> int:
                 print(f"           relays together: {relays_us_per_node_s(m):.1f} us CPU per node "
                       f"per second ({100 * m['relays_cpu_s'] / m['window_s']:.1f} % of a core); console + relays "
                       f"{m['us_per_node_s'] + relays_us_per_node_s(m):.1f} us")
-            ok = ok and m["missing"] == 0 and m["gaps"] == 0 and m["bad"] == 0 and m["connected"][0] == args.agents
+            ok = (ok and m["missing"] == 0 and m["gaps"] == 0 and m["bad"] == 0 and m["connected"][0] == args.agents
+                  and not others and not m["incidents_before"])
         cadences = args.cadences.split(",") if args.cadences else [""]
         for at in (f"@{c}" if c else "" for c in cadences):
             if "full" + at in r and "summary" + at in r:
