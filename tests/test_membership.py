@@ -144,6 +144,30 @@ def test_a_restarted_member_is_a_new_process_and_comes_back_in_with_a_restore() 
     assert [(g.members, g.sync) for g in gens] == [(["a", "b"], "restore")]
 
 
+def test_members_killed_together_restore_together_when_one_restarts_late() -> None:
+    # A lost GPU kills b's worker; NCCL's watchdog kills a's. b's restart beats first. Restored alone, b would
+    # take its own newest checkpoint, and a, let in later by a share, would throw away its newer one.
+    c = Cluster(dead_after=2.0, rejoin_wait=3.0)
+    c.form("a", "b")
+    assert c.run(2.25, ()) == [], "both gone: no one to train"
+    c.start("b")  # b's new process, asking to join
+    assert c.run(1.5, ("b",)) == [], "a's restart may come: its checkpoints may be the newest"
+    c.start("a")  # 1.5 s later
+    gens = c.run(0.25, ("a", "b"))
+    assert [(g.members, g.sync) for g in gens] == [(["a", "b"], "restore")], "one restore, both checkpoints in it"
+
+
+def test_members_killed_together_restore_without_one_that_does_not_come_back() -> None:
+    c = Cluster(dead_after=2.0, rejoin_wait=3.0)
+    c.form("a", "b")
+    assert c.run(2.25, ()) == []
+    c.start("b")
+    assert c.run(2.5, ("b",)) == [], "within the rejoin wait"
+    gens = c.run(1.0, ("b",))
+    assert [(g.members, g.sync) for g in gens] == [(["b"], "restore")], "a's node is down for good: b goes on"
+    assert c.run(5.0, ("b",)) == [], "a's last heartbeat does not bring it back"
+
+
 def test_below_min_nodes_the_job_waits_and_a_finishing_run_is_left_alone() -> None:
     c = Cluster(min_nodes=2, dead_after=1.0)
     c.form("a", "b")

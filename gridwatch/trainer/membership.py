@@ -98,6 +98,14 @@ class Coordinator:
       failed collective, one that has not beaten for ``quiet_after`` s is too.
     - Workers waiting to join are added after ``join_window`` s (to take several
       in one change).
+    - When no member's process lived through a failure, the restore waits up to
+      ``rejoin_wait`` s for the other members' restarted processes, as
+      TorchElastic's rendezvous waits for its last call: the restore picks the
+      newest checkpoint any member holds, and a member left out of it is brought
+      in later by ``share``, which throws away its own newer checkpoints (two
+      workers killed by one fault: the first back restored tier 2's step 1000
+      alone, the second's tier 0 held 1755). A member that lived through it holds
+      the job's newest steps itself: its restore does not wait.
     """
 
     store: KV
@@ -109,10 +117,13 @@ class Coordinator:
     join_window: float = 1.0
     first_window: float = 10.0
     failed_wait: float = 5.0
+    rejoin_wait: float = 3.0
     current: Generation | None = None
     seen: dict[str, _Seen] = field(default_factory=dict)
     _incarnations: dict[str, str] = field(default_factory=dict)  # of each member when it was admitted
     _dropped: dict[str, float] = field(default_factory=dict)  # when a node was last dropped as gone
+    # Members of the current generation found gone, and since when (a restore waits for them to come back).
+    _gone_since: dict[str, float] = field(default_factory=dict)
     _registered: int = 0
     _joiners_since: float | None = None
     _failed_since: float | None = None
@@ -155,7 +166,8 @@ class Coordinator:
         # last heartbeat is not a request to join).
         joiners = [n for n, s in sorted(self.seen.items())
                    if self._alive(n) and s.kind in ("join", "failed", "member")
-                   and now - s.at < self.quiet_after and s.at > self._dropped.get(n, float("-inf"))
+                   and now - s.at < self.quiet_after
+                   and s.at > max(self._dropped.get(n, float("-inf")), self._gone_since.get(n, float("-inf")))
                    and (n not in members or s.incarnation != self._incarnations.get(n))]
         if not members:
             if len(joiners) < self.min_nodes:
@@ -183,12 +195,15 @@ class Coordinator:
         if any(state[m].kind == "done" for m in members):
             return None  # the run is finishing: members stop one by one
         if gone or failed or leaving:
-            for m in gone:
-                self._dropped[m] = now
+            self._gone_since = {m: self._gone_since.get(m, now) for m in gone}
             keep = [m for m in members if m not in gone and m not in leaving]
             new = keep + [n for n in joiners if n not in keep]
             planned = not gone and not failed
             sync = "none" if planned and new == keep else ("share" if planned else "restore")
+            away = [m for m in gone if m not in new]  # dropped, and no new process of theirs asks in yet
+            if (sync == "restore" and not keep and away
+                    and now - min(self._gone_since[m] for m in away) < self.rejoin_wait):
+                return None  # no process lived through it: the newest checkpoint may be an absent one's
             if len(new) < self.min_nodes:
                 return None  # too few to train: wait for joiners
             return self._publish(new[: self.max_nodes], sync)
@@ -208,6 +223,10 @@ class Coordinator:
         self.current = gen
         self._incarnations = {m: self.seen[m].incarnation for m in members if m in self.seen}
         self._joiners_since = self._failed_since = None
+        for m, since in self._gone_since.items():
+            if m not in members:
+                self._dropped[m] = since  # its heartbeats from before then are not a request to join
+        self._gone_since = {}
         return gen
 
     def run(self, stop: threading.Event, interval: float = 0.1) -> None:
