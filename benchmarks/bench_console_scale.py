@@ -15,8 +15,10 @@ window that the agents are paused at both ends of (everything published
 written out): the agents' ticks due against those ticked (an overloaded swarm
 shows here first), each console's CPU per node per second, memory per node,
 frames each node sent to it against the frames it received, gaps, summaries
-per node per second, and the time from an XID injected on a node to the
-console's engine holding it.
+per node per second, the time from an XID injected on a node to the
+console's engine holding it (and from the agent's sending it), and the
+incidents each window opened: any but the injected XIDs is a false alarm, and
+the bench exits 1 on it, as on a frame lost.
 
 Part 2, in one process: the fleet view's redraw (tick and paint) with
 ``--redraw-nodes`` nodes of 8 GPUs in the state store, fed a fresh summary per
