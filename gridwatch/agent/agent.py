@@ -121,7 +121,7 @@ class Agent(Ticking, Serving, Searching):
         if isinstance(frame, p.Search):
             refusal = self._admit(client, caller, "search")
             if refusal is not None:
-                client.reply(self.reply_frame(p.SearchResult(id=frame.id, error=p.Text(refusal))))
+                client.reply(self.reply_frame(p.SearchResult(id=frame.id, error=p.Text(refusal.message))))
                 return None
             return self._answer(client, self.search(frame, caller.key))
         if isinstance(frame, p.Action):
@@ -131,7 +131,12 @@ class Agent(Ticking, Serving, Searching):
             chunk = frame.action == p.AgentAction.READ_SCENE and "file" in frame.args and caller.role == "operator"
             refusal = self._admit(client, caller, "action", budgeted=not chunk)
             if refusal is not None:
-                client.reply(self.reply_frame(p.ActionResult(id=frame.id, action=frame.action, ok=False, message=p.Text(refusal))))
+                # Over budget, nothing was done: the code and the wait let the console send it again then.
+                over = refusal.retry_after is not None
+                client.reply(self.reply_frame(p.ActionResult(
+                    id=frame.id, action=frame.action, ok=False, message=p.Text(refusal.message),
+                    code=p.Text(p.ResultCode.OVER_BUDGET) if over else None,
+                    data={"retry_after_s": refusal.retry_after} if over else {})))
                 return None
             return self._answer(client, self.act(caller, frame))
         if isinstance(frame, (p.RelaySubscribe, p.Relayed)):

@@ -10,6 +10,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gridwatch.agent.base import AgentBase
 from gridwatch.sshlink.server import Caller
@@ -26,6 +27,13 @@ MAX_REPLY_BYTES = 8 * p.MAX_FRAME_BYTES
 MAX_PENDING = 16
 # Frames written per wake-up, so one client catching up does not starve others.
 WRITE_BATCH = 256
+
+
+class Refusal(NamedTuple):
+    """A request not run: why, in one sentence, and for a key over its budget when a token is back."""
+
+    message: str
+    retry_after: float | None = None
 
 
 @dataclass(eq=False)  # identity, not value: clients live in a set
@@ -113,14 +121,16 @@ class Serving(AgentBase):
         # A client cannot claim frames that were never sent, nor ones before the first.
         return min(max(resume_from, 0), self.ring.last_seq)
 
-    def _admit(self, client: ClientStream, caller: Caller, what: str, budgeted: bool = True) -> str | None:
-        """None if ``caller``'s request may run now, else why not (one sentence for the client).
+    def _admit(self, client: ClientStream, caller: Caller, what: str, budgeted: bool = True) -> Refusal | None:
+        """None if ``caller``'s request may run now, else why not (one sentence for the client) and, when it is
+        the key's budget, in how many seconds a token is back.
 
         A request not ``budgeted`` (a scene copy's chunk read, the copy's listing having paid) is held
         only by the session's running requests and its reply queue.
         """
         if client.pending >= MAX_PENDING:
-            return f"{what} refused: {MAX_PENDING} requests from this session are still running; wait for their answers"
+            return Refusal(f"{what} refused: {MAX_PENDING} requests from this session are still running; "
+                           "wait for their answers")
         if budgeted and not self.budgets.take(caller.key):
             self.refused_requests += 1
             held = self._refusal_log.allow()
@@ -128,10 +138,9 @@ class Serving(AgentBase):
                 more = f" ({held} more refused since the last such line)" if held else ""
                 self.log.warning("refused a {} from {}: over its request budget{}", what, caller, more)
             wait = self.budgets.bucket(caller.key).retry_after()
-            return (
+            return Refusal(
                 f"{what} refused: this key is over its budget of {self.config.action_burst:g} requests at once "
-                f"and {self.config.action_rate:g} a second; try again in {wait:.1f} s"
-            )
+                f"and {self.config.action_rate:g} a second; try again in {wait:.1f} s", wait)
         client.pending += 1
         return None
 

@@ -44,6 +44,9 @@ __all__ = ["Fleet", "FleetOptions", "LinkState", "NodeLink", "RelayStatus", "exp
 
 # A relay's link: a half-open one under a quiet relay is closed after three unanswered keepalives.
 RELAY_KEEPALIVE_S = 60.0
+# An action an agent refused as over the key's budget is sent again after the wait it names, if that is at most
+# the longest here (a key spent for longer is refused to its caller at once); never sooner than the shortest.
+OVER_BUDGET_MIN_WAIT_S, OVER_BUDGET_MAX_WAIT_S = 0.05, 2.0
 
 
 FrameCallback = Callable[[NodeLink, p.Frame], None]
@@ -171,13 +174,32 @@ class Fleet:
         key (docs/protocol.md); a console alone sends neither.
         """
         link = self.find(node)
+        if link is None:
+            return p.ActionResult(id=p.Text(uuid.uuid4().hex[:12]), action=p.Text(action), ok=False,
+                                  message=p.Text(f"unknown node {node!r}"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            result = await self._act_once(link, action, args, reason, max(deadline - loop.time(), 0.0), fence, key)
+            # Refused as over the key's budget, the agent did nothing and says when it admits a request again:
+            # sent again then, while the caller's time lasts (a burst after a take-over must not fail a step).
+            if result.code != p.ResultCode.OVER_BUDGET:
+                return result
+            named = result.data.get("retry_after_s")
+            if not isinstance(named, (int, float)) or not 0 <= named <= OVER_BUDGET_MAX_WAIT_S:
+                return result  # a budget that long spent is the operator's to hear of, not to wait out
+            wait = max(float(named), OVER_BUDGET_MIN_WAIT_S)
+            if loop.time() + wait >= deadline:
+                return result
+            await asyncio.sleep(wait)
+
+    async def _act_once(self, link: NodeLink, action: str, args: dict[str, Any] | None, reason: str, timeout: float,
+                        fence: int | None, key: str | None) -> p.ActionResult:
         req_id = uuid.uuid4().hex[:12]
 
         def failed(msg: str) -> p.ActionResult:
             return p.ActionResult(id=p.Text(req_id), action=p.Text(action), ok=False, message=p.Text(msg))
 
-        if link is None:
-            return failed(f"unknown node {node!r}")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = (link.endpoint, fut)
         try:

@@ -132,3 +132,6 @@ class ResultCode(StrEnum):
 
     TRAINER_ABSENT = "trainer_absent"  # no trainer listens on the node's control socket (yet): retry while it starts
     NOT_SENT = "not_sent"  # a watch-only run (a baseline) sends no step that acts: nothing was tried
+    # The caller's key is over the agent's request budget: nothing was done; data["retry_after_s"] says when a
+    # request is admitted again.
+    OVER_BUDGET = "over_budget"
