@@ -168,6 +168,19 @@ def test_members_killed_together_restore_without_one_that_does_not_come_back() -
     assert c.run(5.0, ("b",)) == [], "a's last heartbeat does not bring it back"
 
 
+def test_members_that_came_back_once_still_wait_for_each_other_after_a_later_failure() -> None:
+    c = Cluster(dead_after=2.0, rejoin_wait=3.0)
+    c.form("a", "b")
+    assert c.run(2.25, ()) == [], "both quiet (the store was out of reach)"
+    assert c.run(60.0, ("a", "b")) == [], "the same processes back: training goes on, nothing to re-form"
+    assert c.run(2.25, ()) == [], "now both killed"
+    c.start("b")
+    assert c.run(1.5, ("b",)) == [], "the wait counts from this failure, not the quiet a minute ago"
+    c.start("a")
+    gens = c.run(0.25, ("a", "b"))
+    assert [(g.members, g.sync) for g in gens] == [(["a", "b"], "restore")]
+
+
 def test_below_min_nodes_the_job_waits_and_a_finishing_run_is_left_alone() -> None:
     c = Cluster(min_nodes=2, dead_after=1.0)
     c.form("a", "b")

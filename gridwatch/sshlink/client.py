@@ -47,6 +47,7 @@ RELAY_KEEPALIVE_S = 60.0
 # An action an agent refused as over the key's budget is sent again after the wait it names, if that is at most
 # the longest here (a key spent for longer is refused to its caller at once); never sooner than the shortest.
 OVER_BUDGET_MIN_WAIT_S, OVER_BUDGET_MAX_WAIT_S = 0.05, 2.0
+OVER_BUDGET_ANSWER_S = 1.0  # the time a resent action keeps for its answer (half the timeout, if shorter)
 
 
 FrameCallback = Callable[[NodeLink, p.Frame], None]
@@ -189,7 +190,9 @@ class Fleet:
             if not isinstance(named, (int, float)) or not 0 <= named <= OVER_BUDGET_MAX_WAIT_S:
                 return result  # a budget that long spent is the operator's to hear of, not to wait out
             wait = max(float(named), OVER_BUDGET_MIN_WAIT_S)
-            if loop.time() + wait >= deadline:
+            # Sent again only with time left for its answer: one admitted with milliseconds to go would run and
+            # be reported as unanswered, where the refusal said for certain that nothing ran.
+            if loop.time() + wait + min(OVER_BUDGET_ANSWER_S, timeout / 2) >= deadline:
                 return result
             await asyncio.sleep(wait)
 

@@ -194,15 +194,16 @@ class Coordinator:
             self._failed_since = None
         if any(state[m].kind == "done" for m in members):
             return None  # the run is finishing: members stop one by one
+        # Since when each member now gone has been (one that came back, same process, is forgotten here).
+        self._gone_since = {m: self._gone_since.get(m, now) for m in gone}
         if gone or failed or leaving:
-            self._gone_since = {m: self._gone_since.get(m, now) for m in gone}
             keep = [m for m in members if m not in gone and m not in leaving]
             new = keep + [n for n in joiners if n not in keep]
             planned = not gone and not failed
             sync = "none" if planned and new == keep else ("share" if planned else "restore")
             away = [m for m in gone if m not in new]  # dropped, and no new process of theirs asks in yet
             if (sync == "restore" and not keep and away
-                    and now - min(self._gone_since[m] for m in away) < self.rejoin_wait):
+                    and now - min(self._gone_since.values()) < self.rejoin_wait):
                 return None  # no process lived through it: the newest checkpoint may be an absent one's
             if len(new) < self.min_nodes:
                 return None  # too few to train: wait for joiners
