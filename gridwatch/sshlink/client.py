@@ -51,10 +51,16 @@ OVER_BUDGET_ANSWER_S = 1.0  # the time a resent action keeps for its answer (hal
 
 
 FrameCallback = Callable[[NodeLink, p.Frame], None]
+
 # A relay's: a node's frame passed on as its line, with what was read of it.
 PassingCallback = Callable[[NodeLink, p.Passing, bytes], None]
 StatusCallback = Callable[[NodeLink], None]
 RelayCallback = Callable[["RelayStatus"], None]
+
+
+def _unanswered(req_id: str, action: str, why: str) -> p.ActionResult:
+    """A failed result for an action no agent answered, saying why."""
+    return p.ActionResult(id=p.Text(req_id), action=p.Text(action), ok=False, message=p.Text(why))
 
 
 class Fleet:
@@ -176,8 +182,7 @@ class Fleet:
         """
         link = self.find(node)
         if link is None:
-            return p.ActionResult(id=p.Text(uuid.uuid4().hex[:12]), action=p.Text(action), ok=False,
-                                  message=p.Text(f"unknown node {node!r}"))
+            return _unanswered(uuid.uuid4().hex[:12], action, f"unknown node {node!r}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -199,20 +204,16 @@ class Fleet:
     async def _act_once(self, link: NodeLink, action: str, args: dict[str, Any] | None, reason: str, timeout: float,
                         fence: int | None, key: str | None) -> p.ActionResult:
         req_id = uuid.uuid4().hex[:12]
-
-        def failed(msg: str) -> p.ActionResult:
-            return p.ActionResult(id=p.Text(req_id), action=p.Text(action), ok=False, message=p.Text(msg))
-
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = (link.endpoint, fut)
         try:
             frame = p.Action(id=p.Text(req_id), action=p.Text(action), args=args or {}, reason=p.Text(reason),
                              fence=fence, key=p.Text(key) if key is not None else None)
             if not self._send(link, frame):
-                return failed(f"{link.name} is not connected ({link.state}: {link.last_error or 'no connection'})")
+                return _unanswered(req_id, action, f"{link.name} is not connected ({link.state}: {link.last_error or 'no connection'})")
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            return failed(f"{link.name} did not answer {action} within {timeout:g} s")
+            return _unanswered(req_id, action, f"{link.name} did not answer {action} within {timeout:g} s")
         finally:
             self._pending.pop(req_id, None)
 
