@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 from gridwatch.console.runtime.wiring import RuntimeOptions, build_runtime
@@ -40,6 +41,8 @@ class FakeJob:
         self.servers: dict[str, ControlServer] = {}
         self.left = asyncio.Event()
         self.loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._gone: set[str] = set()  # members that left: told to leave again, they are no longer in the job
 
     def status(self) -> p.TrainerStatus:
         return p.TrainerStatus(job=p.Text("run"), phase=p.Text("training"), step=self.step,
@@ -51,9 +54,15 @@ class FakeJob:
         self.servers[name] = server
 
     def _leave(self, name: str) -> None:
-        # In the socket server's thread: the others stop serving before the leaving node answers.
-        for other in [n for n in self.servers if n != name]:
-            self.down(other)
+        # In the socket server's thread: the others stop serving before the leaving node answers. Only a
+        # member's leave re-forms the job: the agent tells an isolated node's trainer to leave again when it
+        # still answers as training (this stand-in keeps answering), and a real job does not re-form for that.
+        with self._lock:  # a second leave answers only once the first one's re-formation has begun
+            if name in self._gone:
+                return
+            self._gone.add(name)
+            for other in [n for n in self.servers if n != name]:
+                self.down(other)
         self.loop.call_soon_threadsafe(self.left.set)
 
     def down(self, name: str) -> None:

@@ -144,6 +144,47 @@ async def test_an_isolated_nodes_trainer_back_in_the_job_is_told_to_leave_again(
 
 
 
+async def test_an_isolation_whose_leave_is_slow_to_answer_tells_the_trainer_to_leave_once(keys, tmp_path):
+    """The node is isolated before its trainer has answered the leave: the agent's own keep-out must not send a
+    second leave meanwhile (in a real job each leave of a member makes the job re-form)."""
+    import threading
+
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    answered = threading.Event()
+    leaves: list[float] = []
+
+    class SlowToLeave(ControlServer):
+        def answer(self, line: bytes):  # noqa: ANN201 - a ControlReply
+            if b'"leave"' in line:
+                leaves.append(time.monotonic())
+                answered.wait(1.0)  # the trainer takes its time to answer: the agent keeps ticking meanwhile
+            return super().answer(line)
+
+    sock = str(tmp_path / "trainer.sock")
+    server = SlowToLeave(sock, lambda: p.TrainerStatus(phase=p.Text("training"), step=7), node="node-1")
+    server.start()
+    ra = await start_agent(keys, interval=0.05)
+    ra.agent.trainer = TrainerLink(sock, interval=0.05)
+    ra.agent.trainer.start()
+    fleet = Fleet(parse_endpoints(ra.spec), FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts)))
+    await fleet.start()
+    try:
+        await wait_until(lambda: ra.agent.trainer.attached, what="the trainer attached")
+        res = await fleet.action("node-1", "isolate", reason="xid 79")
+        assert res.ok and "leave accepted" in res.message, res.message
+        answered.set()
+        assert len(leaves) == 1
+        lines, _ = ra.agent.ring.since(0)
+        assert not any(b'"trainer_kept_out"' in line for line in lines)
+    finally:
+        answered.set()
+        await fleet.stop()
+        await ra.agent.trainer.stop()
+        await stop_agent(ra)
+        server.stop()
+
+
 def test_a_restarted_trainer_dates_its_crash_at_its_previous_lifes_last_answer():
     """torchrun's restart is told seconds after the crash (the new process must start first): the fault time is
     when the dead process last answered, not when its successor spoke."""

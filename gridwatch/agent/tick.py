@@ -156,8 +156,10 @@ class Ticking(AgentBase):
     def _keep_out(self, status: p.TrainerStatus) -> None:
         """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
         not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
-        if status.phase not in IN_THE_JOB or self.trainer is None or self.trainer.leaving:
-            return  # leaving already (told when the node was isolated): not told again
+        if status.phase not in IN_THE_JOB or self.trainer is None or self.trainer.leaving or self.trainer.leave_sent:
+            # Leaving already, or being told right now (the isolation's own leave, still unanswered): a second
+            # leave would make the job re-form twice.
+            return
         now = time.monotonic()
         if now - self._asked_out_at < KEEP_OUT_S:
             return

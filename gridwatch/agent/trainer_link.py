@@ -52,6 +52,7 @@ class TrainerLink:
         self._task: asyncio.Task[None] | None = None
         self.last_ok: float | None = None
         self.leaving = False  # asked to leave the job: its going away is no fault
+        self.leave_sent = 0  # leave requests sent and not answered yet: the node's own keep-out waits for them
         # The node is isolated (its agent says): a worker kept out of the job that dies and is started again
         # cost the job nothing, and is no crash of a training worker.
         self.node_out = False
@@ -91,13 +92,17 @@ class TrainerLink:
         """Send one control; the reply is a dict with ``ok`` and ``message`` or ``error``."""
         from gridwatch.wire.controlsock import TrainerUnavailable, request
 
+        leave = command == "leave"
+        self.leave_sent += leave
         try:
             reply = await request(self.socket_path, command, args, timeout=max(self.timeout, 10.0))
         except (OSError, TimeoutError, ValueError) as exc:
             absent = isinstance(exc, TrainerUnavailable) and exc.absent
             return {"ok": False, "error": f"trainer control socket {self.socket_path}: {exc or type(exc).__name__}",
                     **({"code": p.ResultCode.TRAINER_ABSENT} if absent else {})}
-        if command == "leave" and reply.ok:
+        finally:
+            self.leave_sent -= leave
+        if leave and reply.ok:
             self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
 
