@@ -275,3 +275,18 @@ async def test_the_frames_an_agent_wrote_just_before_it_was_killed_arrive(keys) 
     async with fleet_of_one(keys, script, ssh_client="libssh2", server=Kept) as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
         assert [e.code for e in of_type(frames, p.Event)][:3] == [48, 63, 79]  # (a reconnect may bring more)
+
+
+async def test_a_channel_ended_right_behind_its_last_frames_is_seen_as_ended_and_the_frames_arrive(keys) -> None:
+    """The far end writes its last frames and ends the channel, its connection left open: libssh2 reads both in
+    one go, and the link reads no further than the data it has, so the end must be taken from that same read."""
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("ending"), interval=1.0)))
+        await process.stdin.readline()  # the link up: its subscription came
+        process.stdout.write(p.encode(p.Event(kind=p.Text("xid"), code=79, message=p.Text("Xid 79"))))
+        process.exit(0)  # end of file and the channel closed, in the packets right behind the event
+
+    async with fleet_of_one(keys, script, ssh_client="libssh2") as (fleet, frames, link):
+        await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
+        assert [e.code for e in of_type(frames, p.Event)][:1] == [79]
