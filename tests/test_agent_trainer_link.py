@@ -100,6 +100,36 @@ def test_a_trainer_that_left_on_request_is_not_a_fault():
     assert [e.kind for e in link.take_events()] == ["trainer_exit"]
 
 
+
+def test_a_leaving_trainer_that_answers_late_is_still_leaving_not_left_and_its_exit_is_no_fault():
+    """A trainer told to leave may be busy on its way out (saving, tearing its group down) and miss a poll: it
+    is not yet left, so its next answer keeps it leaving, and when it goes, that is the leave, not a fault."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    t = [0.0]
+    link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=os.getpid()))  # a process that lives
+    link.leaving = True  # what a successful "leave" control sets (the node was isolated)
+    t[0] = 1.0
+    link.unanswered("trainer at x did not answer within 2 s", late=True)
+    assert link.take_events() == [] and link.attached, "not left while its process is there and busy"
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=6, pid=os.getpid()))
+    assert link.leaving
+    t[0] = 3.0
+    link.unanswered("no trainer is listening")  # it went
+    assert [e.kind for e in link.take_events()] == ["trainer_left"]
+    for t[0] in (20.0, 40.0):
+        link.unanswered("no trainer is listening")
+    assert link.take_events() == [], "no trainer_exit page for a node taken out on purpose"
+    # One that stays busy past the grace is left all the same: the node is out either way.
+    link = TrainerLink("/nonexistent.sock", grace=15.0, clock=lambda: t[0])
+    t[0] = 50.0
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=os.getpid()))
+    link.leaving = True
+    for t[0] in (51.0, 60.0, 66.0):
+        link.unanswered("did not answer", late=True)
+    assert [e.kind for e in link.take_events()] == ["trainer_left"]
+
 def test_a_silent_trainer_says_whether_its_process_is_still_there():
     """Frozen (the process is there) is evidence about the node; exited or killed (gone) is a software fault."""
     import subprocess

@@ -125,16 +125,21 @@ class TrainerLink:
             try:
                 status = await read_status(self.socket_path, timeout=self.timeout)
             except (OSError, TimeoutError, ValueError) as exc:
-                self.unanswered(str(exc) or type(exc).__name__)
+                self.unanswered(str(exc) or type(exc).__name__, late=getattr(exc, "late", False))
             else:
                 self.answered(status)
             await asyncio.sleep(self.interval)
 
-    def unanswered(self, why: str) -> None:
-        """One poll got no status."""
+    def unanswered(self, why: str, late: bool = False) -> None:
+        """One poll got no status; ``late``: the trainer's socket took it and no answer came in time."""
         now = self.clock()
         if self._silent_since is None:
             self._silent_since = now
+        if self.attached and self.leaving and late and now - self._silent_since < self.grace \
+                and self._process() == "alive":
+            # Still on its way out (a trainer saving or tearing its group down answers late): not left yet. Had it
+            # been called left, its next answer would have made it a member again and its real exit a fault.
+            return
         if self.attached and self.leaving:
             self.attached = False
             logger.info("trainer at {} left the job on request", self.socket_path)

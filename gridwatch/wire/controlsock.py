@@ -41,9 +41,10 @@ TRAINER_UID_ENV = "GRIDWATCH_TRAINER_UID"
 class TrainerUnavailable(OSError):
     """The trainer's socket is absent, refused the connection or did not answer in time."""
 
-    def __init__(self, message: str, *, absent: bool = False) -> None:
+    def __init__(self, message: str, *, absent: bool = False, late: bool = False) -> None:
         super().__init__(message)
         self.absent = absent  # nothing listens there (yet): a trainer that is starting, or none
+        self.late = late  # it is there and took the request, but gave no answer in time: busy, or frozen
 
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -139,7 +140,7 @@ async def request(
         async with asyncio.timeout(timeout):
             line = await _exchange(socket_path, encode_request(command, args))
     except TimeoutError:
-        raise TrainerUnavailable(f"trainer at {socket_path} did not answer within {timeout:g} s") from None
+        raise TrainerUnavailable(f"trainer at {socket_path} did not answer within {timeout:g} s", late=True) from None
     except TrainerUnavailable:
         raise
     except (FileNotFoundError, ConnectionRefusedError):
