@@ -192,7 +192,7 @@ async def test_an_isolation_whose_leave_is_slow_to_answer_tells_the_trainer_to_l
             return super().answer(line)
 
     sock = str(tmp_path / "trainer.sock")
-    server = SlowToLeave(sock, lambda: p.TrainerStatus(phase=p.Text("training"), step=7), node="node-1")
+    server = SlowToLeave(sock, lambda: p.TrainerStatus(phase=p.Text("training"), step=7, pid=os.getpid()), node="node-1")
     server.start()
     ra = await start_agent(keys, interval=0.05)
     ra.agent.trainer = TrainerLink(sock, interval=0.05)
