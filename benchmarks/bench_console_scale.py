@@ -230,11 +230,12 @@ async def serve_console(mode: str, spec: str, key: str, known_hosts: str, db: st
 # ------------------------------------------------------------------------------ the driver
 
 
-# How long the consoles' counts must stay still to be final: beyond the relays' batching (a relayed console asks
-# for 0.5 s) with a margin. Kept short because the agents are silent meanwhile: at 200 nodes auto's cadence is
-# 1 s, and silence past three cadences is a heartbeat-lost incident (1 s polls had made it 2-3 s, and the
-# relayed window of a 200-node run opened 46 of them).
-QUIET_S = 0.8
+# How long the consoles' counts must stay still to be final: longer than a relayed frame can wait on its way
+# (the relay reads its sockets every 0.25 s, flushes every 0.5 s, the console reads every 0.1 s: 0.85 s), with a
+# margin. Kept short because the agents are silent meanwhile: at 200 nodes auto's cadence is 1 s, and silence
+# past three cadences is a heartbeat-lost incident (1 s polls had made it 2-3 s, and the relayed window of a
+# 200-node run opened 46 of them).
+QUIET_S = 1.2
 
 
 def settled(consoles: dict[str, subprocess.Popen], timeout: float = 120) -> dict[str, dict]:

@@ -52,6 +52,8 @@ class FakeJob:
         server = LeavingServer(self.paths[name], self.status, name, lambda: self._leave(name))
         server.start()
         self.servers[name] = server
+        with self._lock:
+            self._gone.discard(name)  # back in the job: its next leave re-forms it again
 
     def _leave(self, name: str) -> None:
         # In the socket server's thread: the others stop serving before the leaving node answers. Only a

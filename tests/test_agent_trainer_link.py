@@ -130,6 +130,37 @@ def test_a_leaving_trainer_that_answers_late_is_still_leaving_not_left_and_its_e
         link.unanswered("did not answer", late=True)
     assert [e.kind for e in link.take_events()] == ["trainer_left"]
 
+
+def test_a_new_life_after_a_leave_is_a_member_again_until_told():
+    """The leave was its previous life's: a process started again on the node (torchrun) is in the job, so its
+    silence is a fault again and the keep-out may tell it to leave."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock", grace=15.0)
+    link.answered(p.TrainerStatus(phase=p.Text("training"), step=5, pid=1001))
+    link.leaving = True
+    link.answered(p.TrainerStatus(phase=p.Text("joining"), step=5, pid=1002))
+    assert not link.leaving
+
+
+async def test_the_keep_out_waits_after_a_leave_that_got_no_answer(agent):
+    """A leave that timed out may still be acted on (the trainer queues controls): the keep-out does not send
+    another at once, which would make the job re-form twice; it does once the wait is over."""
+    from gridwatch.agent.trainer_link import TrainerLink
+
+    link = TrainerLink("/nonexistent.sock")
+    agent.agent.trainer = link
+    training = p.TrainerStatus(phase=p.Text("training"), step=5)
+    link.leave_ended_at = link.clock()  # the isolation's leave just gave up
+    agent.agent._keep_out(training)  # noqa: SLF001 - the rule itself, on its own
+    lines, _ = agent.agent.ring.since(0)
+    assert not any(b'"trainer_kept_out"' in line for line in lines)
+    link.leave_ended_at = link.clock() - 60.0
+    agent.agent._keep_out(training)  # noqa: SLF001
+    lines, _ = agent.agent.ring.since(0)
+    assert any(b'"trainer_kept_out"' in line for line in lines)
+    await wait_until(lambda: not link.leave_sent, what="the leave sent (to no trainer) ended")
+
 def test_a_silent_trainer_says_whether_its_process_is_still_there():
     """Frozen (the process is there) is evidence about the node; exited or killed (gone) is a software fault."""
     import subprocess

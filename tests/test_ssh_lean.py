@@ -290,3 +290,19 @@ async def test_a_channel_ended_right_behind_its_last_frames_is_seen_as_ended_and
     async with fleet_of_one(keys, script, ssh_client="libssh2") as (fleet, frames, link):
         await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
         assert [e.code for e in of_type(frames, p.Event)][:1] == [79]
+
+
+async def test_a_channel_ended_behind_its_last_frames_and_a_traceback_on_stderr_is_seen_as_ended(keys) -> None:
+    """The agent's last frames, a traceback on stderr, then its exit, all in one read: libssh2 says the channel
+    has ended only once stderr is read too, so the link reads stderr before it asks."""
+
+    async def script(process: Any) -> None:
+        process.stdout.write(p.encode(p.Hello(node=p.Text("ending"), interval=1.0)))
+        await process.stdin.readline()  # the link up: its subscription came
+        process.stdout.write(p.encode(p.Event(kind=p.Text("xid"), code=79, message=p.Text("Xid 79"))))
+        process.stderr.write(b"Traceback (most recent call last): boom\n")
+        process.exit(1)
+
+    async with fleet_of_one(keys, script, ssh_client="libssh2") as (fleet, frames, link):
+        await wait_until(lambda: link.state == LinkState.DOWN, what="the link down")
+        assert [e.code for e in of_type(frames, p.Event)][:1] == [79]

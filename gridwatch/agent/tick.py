@@ -161,8 +161,8 @@ class Ticking(AgentBase):
             # leave would make the job re-form twice.
             return
         now = time.monotonic()
-        if now - self._asked_out_at < KEEP_OUT_S:
-            return
+        if now - self._asked_out_at < KEEP_OUT_S or self.trainer.clock() - self.trainer.leave_ended_at < KEEP_OUT_S:
+            return  # told a moment ago, here or by the isolation itself
         self._asked_out_at = now
         self.log.warning("the node is isolated and its trainer is {} again: told to leave the job", str(status.phase))
         self.event("trainer_kept_out", f"the node is isolated; its trainer ({status.phase}) was told to leave the job",

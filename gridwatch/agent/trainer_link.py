@@ -53,6 +53,7 @@ class TrainerLink:
         self.last_ok: float | None = None
         self.leaving = False  # asked to leave the job: its going away is no fault
         self.leave_sent = 0  # leave requests sent and not answered yet: the node's own keep-out waits for them
+        self.leave_ended_at = float("-inf")  # (this link's clock) when the last leave was answered or given up on
         # The node is isolated (its agent says): a worker kept out of the job that dies and is started again
         # cost the job nothing, and is no crash of a training worker.
         self.node_out = False
@@ -102,6 +103,9 @@ class TrainerLink:
                     **({"code": p.ResultCode.TRAINER_ABSENT} if absent else {})}
         finally:
             self.leave_sent -= leave
+            if leave:
+                # One that timed out may still be acted on (a trainer queues controls): the keep-out waits a while.
+                self.leave_ended_at = self.clock()
         if leave and reply.ok:
             self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
@@ -203,6 +207,8 @@ class TrainerLink:
             died = self.exits.exited_at(previous_pid)
             self._previous_last_ok = died if died is not None and died >= before else before
             self._life_was_out = self.node_out
+            # The leave was the previous life's: this one is a member until told, and the keep-out tells it.
+            self.leaving = False
         else:
             self._life_was_out = self._life_was_out or self.node_out
         fresh = events_after(status, self._seen_event_seq)

@@ -243,9 +243,10 @@ class LeanConnection:
                     if chan.poll_channel_read(0) or (stream.handler is None and chan.poll_channel_read(1)):
                         continue
                     # Nothing more in libssh2's hands: its read above read the socket until it was dry, so another
-                    # would be one more recv() that finds nothing. What comes next wakes the loop again; an end
-                    # that came with the data is read below as the empty read would have said it.
-                    size = 0 if chan.eof() else LIBSSH2_ERROR_EAGAIN
+                    # would be one more recv() that finds nothing. What comes next wakes the loop again. An end
+                    # that came with the data is read below as the empty read would have said it; so is stderr
+                    # queued behind it, which libssh2's eof() waits for (a traceback, then the exit).
+                    size = 0 if chan.eof() or chan.poll_channel_read(1) else LIBSSH2_ERROR_EAGAIN
                 while size == 0:  # its last words, with the channel's end (eof() waits until all are read)
                     err_size, err = chan.read_stderr(STDERR_SIZE)
                     if err_size <= 0:
