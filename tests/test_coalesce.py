@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gridwatch.sshlink.coalesce import CoalescingSelector, read_every
+from gridwatch.sshlink.coalesce import CoalescingSelector, console_period, read_every
 
 
 class FakeTime:
@@ -136,3 +136,12 @@ def test_a_process_that_reads_many_links_walks_its_young_objects_every_10000_not
             "print(gc.get_threshold(), run_coalesced(main(), 0))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.split() == ["(700,", "10,", "10)", "(10000,", "10,", "10)"]
+
+
+def test_a_console_holding_a_thousand_links_reads_them_as_a_relay_does_unless_the_operator_says() -> None:
+    """From 1,000 agents' links held directly, every 0.25 s; fewer (or behind relays), every 0.1 s; the
+    environment wins either way."""
+    assert console_period(0) == console_period(999) == 0.1
+    assert console_period(1000) == console_period(12_500) == 0.25
+    assert read_every(console_period(2500), environ={}) == 0.25
+    assert read_every(console_period(2500), environ={"GRIDWATCH_READ_EVERY_S": "0.1"}) == 0.1

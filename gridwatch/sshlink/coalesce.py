@@ -35,6 +35,18 @@ READ_EVERY_S = 0.1
 # more at most. Each wake-up costs, and at a slower cadence it carries fewer frames: against 0.1 s, 21.7
 # against 25.0 µs per node carried in one run each at 1,000 nodes (BENCHMARKS.md, issue 25's fifth round).
 RELAY_READ_EVERY_S = 0.25
+# A console that holds this many agents' links itself reads them as a relay does: at 1,000 nodes (summaries
+# every 4 s) its CPU per node was 0.85x the 0.1 s figure (22.8 against 26.8 µs, two alternated runs each), the
+# XID median unchanged (0.51-0.58 s) and the slowest of five 1.07 s against 0.92. Below it the console's CPU is
+# small either way and a frame is not held longer than it must be. (A console behind relays holds a few links.)
+LARGE_FLEET_LINKS = 1000
+
+
+def console_period(direct_links: int) -> float:
+    """How often a console holding ``direct_links`` agents' links reads its sockets, unless the operator says."""
+    return RELAY_READ_EVERY_S if direct_links >= LARGE_FLEET_LINKS else READ_EVERY_S
+
+
 # An operator's override (seconds, 0 for a loop that reads each socket as it becomes readable), and the most
 # it may be: an event waits that much more before the engine sees it.
 READ_EVERY_ENV = "GRIDWATCH_READ_EVERY_S"
