@@ -70,7 +70,6 @@ class AgentBase:
         self.tailer = tailer
         self.metrics = metrics
         self.trainer = trainer
-        self._asked_out_at = float("-inf")  # when an isolated node's trainer was last told to leave again
         self._xids_told: dict[tuple[int | None, int], tuple[float, str]] = {}  # (gpu, code) -> (when, source)
         self.folded_xids = 0  # XIDs a second source reported within XID_FOLD_S of the first
         self._background: set[asyncio.Task[Any]] = set()

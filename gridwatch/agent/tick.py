@@ -156,14 +156,12 @@ class Ticking(AgentBase):
     def _keep_out(self, status: p.TrainerStatus) -> None:
         """The node is isolated and its trainer is (back) in the job: one torchrun restarted, or one that was
         not listening when the node was isolated. It is told to leave again, at most every KEEP_OUT_S."""
-        if status.phase not in IN_THE_JOB or self.trainer is None or self.trainer.leaving or self.trainer.leave_sent:
-            # Leaving already, or being told right now (the isolation's own leave, still unanswered): a second
-            # leave would make the job re-form twice.
+        if status.phase not in IN_THE_JOB or self.trainer is None or self.trainer.leaving:
+            return  # leaving already (told when the node was isolated): not told again
+        if self.trainer.told_to_leave_within(KEEP_OUT_S):
+            # Being told now, or a moment ago (here, or by the isolation itself, whose leave may still be unanswered
+            # or have timed out and still be acted on): a second leave would make the job re-form twice.
             return
-        now = time.monotonic()
-        if now - self._asked_out_at < KEEP_OUT_S or self.trainer.clock() - self.trainer.leave_ended_at < KEEP_OUT_S:
-            return  # told a moment ago, here or by the isolation itself
-        self._asked_out_at = now
         self.log.warning("the node is isolated and its trainer is {} again: told to leave the job", str(status.phase))
         self.event("trainer_kept_out", f"the node is isolated; its trainer ({status.phase}) was told to leave the job",
                    severity="warning")

@@ -110,6 +110,10 @@ class TrainerLink:
             self.leaving = True
         return {"ok": reply.ok, "message": str(reply.message)}
 
+    def told_to_leave_within(self, seconds: float) -> bool:
+        """Whether a leave is on its way to the trainer now, or ended (answered or given up on) within ``seconds``."""
+        return self.leave_sent > 0 or self.clock() - self.leave_ended_at < seconds
+
     async def collectives(self, viewer: bool, limit: int | None = None) -> tuple[CollectiveRecord | None, str]:
         """The trainer's collective record (a viewer gets the newest ``VIEWER_DUMP_ENTRIES`` at most), or why not."""
         from gridwatch.wire.control import MAX_DUMP_ENTRIES

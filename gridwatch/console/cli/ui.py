@@ -177,7 +177,6 @@ def _console(args: argparse.Namespace) -> int:
     from gridwatch.sshlink.lean import ssh_client
 
     try:
-        read_every()  # a wrong GRIDWATCH_READ_EVERY_S is said before anything is read
         ssh_client()  # who reads them (gridwatch.sshlink.lean): a wrong GRIDWATCH_SSH_CLIENT is said here
         options = runtime_options(args)
         # How often the links are read together (gridwatch.sshlink.coalesce): by the links held directly.
