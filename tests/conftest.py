@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gridwatch.console.demo.cluster import free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -24,9 +25,7 @@ pytest.register_assert_rewrite(*sorted(f"tests.{p.stem}" for p in Path(__file__)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # several at once: free_ports, or two may be the same
 
 
 # The files that take longest (`--durations`, 2 cores), run first: `make test` gives each of its workers a

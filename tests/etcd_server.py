@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import free_ports
 from tests.servers import served
 
 BINARY = "/usr/bin/etcd"
@@ -38,7 +38,7 @@ def running_etcd(tmp: Path, timeout: float = 20.0) -> Iterator[Etcd | None]:
         yield None
         return
     tmp.mkdir(parents=True, exist_ok=True)
-    client, peer = free_port(), free_port()
+    client, peer = free_ports(2)
     url = f"http://127.0.0.1:{client}"
     log = tmp / "etcd.log"
     argv = [BINARY, "--name", "test", "--data-dir", str(tmp / "data"), "--listen-client-urls", url,

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from gridwatch.console.demo.cluster import trainer_unavailable
-from tests.conftest import PYTHON, ROOT, free_port, spawn_agent, wait_until
+from tests.conftest import PYTHON, ROOT, free_ports, spawn_agent, wait_until
 from tests.slurm_cluster import NODES, SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no Slurm here: {missing()}")
@@ -127,7 +127,7 @@ class Deployment:
 async def _deploy(slurm: SlurmCluster, keys, tmp_path: Path, trainer: bool,  # noqa: ANN001
                   agent_args: Callable[[str], list[str]] | None = None) -> AsyncIterator[Deployment]:
     slurm.reset()
-    ports = {name: free_port() for name in NODES}
+    ports = dict(zip(NODES, free_ports(len(NODES))))  # distinct: chosen together
     run_dir = tmp_path / "run"
     # Each agent reads its node's trainer through the control socket the trainer serves for that node. A sample a
     # second (a heartbeat is lost after three missed): on a shared two-core box four busy ranks can hold an agent

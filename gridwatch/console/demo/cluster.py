@@ -38,10 +38,18 @@ class ClusterError(RuntimeError):
     """The cluster could not start; the message says which part and why."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free now. Held open together while they are chosen: one at a time, the kernel may
+    give the next node the port it just gave the last, whose agent has not bound it yet (two demo agents were
+    given 53143; the second could not listen and the demo stopped)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def trainer_unavailable() -> str | None:
@@ -89,8 +97,8 @@ class Cluster:
         keys = init_keys(self.dir / "keys", force=True)
         sim = self._sim_devices()
         nodes: list[DemoNode] = []
-        for index, name in enumerate(self.names(), start=1):
-            port = free_port()
+        names = self.names()
+        for index, (name, port) in enumerate(zip(names, free_ports(len(names))), start=1):
             # Each node its own host key, pinned for its own port: the way a real fleet is set up.
             host_key = self.dir / "keys" / "hosts" / f"{name}_host_key"
             trust(keys.known_hosts, "127.0.0.1", port, make_host_key(host_key, comment=f"gridwatch-agent-{name}"),
