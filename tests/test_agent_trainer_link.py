@@ -232,6 +232,7 @@ async def test_an_isolation_whose_leave_is_slow_to_answer_tells_the_trainer_to_l
     await fleet.start()
     try:
         await wait_until(lambda: ra.agent.trainer.attached, what="the trainer attached")
+        await wait_until(lambda: fleet.find("node-1") is not None and fleet.connected, what="the node's link up")
         res = await fleet.action("node-1", "isolate", reason="xid 79")
         assert res.ok and "leave accepted" in res.message, res.message
         answered.set()
