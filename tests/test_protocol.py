@@ -115,3 +115,24 @@ def test_why_an_action_failed_travels_as_a_code_and_a_phase_must_be_one_the_wire
     assert isinstance(got, p.Summary) and got.trainer is not None and got.trainer.phase is p.TrainerPhase.REFORMING
     with pytest.raises(p.FrameError, match="invalid summary frame"):
         p.decode_agent_frame(sample.replace(b"re-forming", b"sleeping!!"))
+
+
+def test_an_endpoint_made_twice_is_the_same_key_and_name() -> None:
+    from gridwatch.sshlink.hostlist import Endpoint
+
+    a, b = Endpoint("node01", 8022), Endpoint("node01", 8022)
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != Endpoint("node01", 8023) and str(a) == "node01:8022"
+    assert repr(a) == "Endpoint(host='node01', port=8022)"
+
+
+@pytest.mark.parametrize("endpoint", ["10.0.0.1:8022", 'we"ird\\:1', "n\u00fcde:2", "\x1b[31mred:3",
+                                      '"frame":"\\u0000relayed frame\\u0000":4'])
+def test_a_relayed_line_is_the_envelope_the_encoder_writes_and_gives_its_frame_back(endpoint: str) -> None:
+    import msgspec
+
+    line = p.encode(p.Summary(node=p.Text("node01"), seq=7, ts=1.0, gpus=[]))[:-1]
+    wrapped = p.relayed_line(endpoint, line + b" ")
+    assert wrapped == p.encode(p.Relayed(endpoint=p.Text(endpoint), frame=msgspec.Raw(line)))
+    outer = p.decode_agent_frame(wrapped)
+    assert isinstance(outer, p.Relayed) and bytes(outer.frame) == line
