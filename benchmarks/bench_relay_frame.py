@@ -3,12 +3,9 @@
 The relay reads a node's frame as far as its owner and order (``decode_passing``), checks them in its fleet
 (the same bookkeeping a console's link does), and wraps the line in a ``relayed`` envelope for the console,
 unchanged. This times that path over N simulated nodes' summaries, in one process, with real endpoints,
-and beside it, in the same run, the two pieces this round changed, each against the way it was done before:
-
-- the envelope: cut once per endpoint and put around each line (now) against the encoder run on a new
-  ``Relayed`` struct for every frame (before);
-- an endpoint's hash and name: made once when the endpoint is (now) against a dataclass's own, built at
-  each use (before, a plain frozen dataclass of the same fields).
+and beside it two of its pieces: the envelope (``relayed_line``) and an endpoint's hash and name, which the
+fleet uses several times a frame.
+A cheaper envelope and endpoint were measured and taken out again (BENCHMARKS.md, issue 25, tenth round).
 
 No SSH: bench_ssh_message.py measures the transport, bench_console_scale.py the whole relay. The minimum
 of the runs, CPU ns (or µs) per frame.
@@ -23,24 +20,12 @@ import asyncio
 import sys
 import time
 import timeit
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from frame_fleet import FrameFleet  # noqa: E402
-
-
-@dataclass(frozen=True, slots=True)
-class _PlainEndpoint:
-    """The endpoint as it was: a frozen dataclass whose hash and name are built at each use."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 def _best(stmt: str, names: dict[str, object], number: int, runs: int) -> float:
@@ -91,7 +76,6 @@ def main() -> int:
         print("--nodes and --runs must be at least 1", file=sys.stderr)
         return 2
 
-    import msgspec
     from loguru import logger
 
     from gridwatch.sshlink.hostlist import Endpoint
@@ -102,18 +86,14 @@ def main() -> int:
     line = frames.summary[0][0]
     print(f"{args.nodes} nodes' summaries of {len(line)} bytes; best of {args.runs} runs, CPU per frame")
     path = asyncio.run(_relay_path(frames, args.runs))
-    names: dict[str, object] = {"p": p, "msgspec": msgspec, "line": line, "ep": "10.0.1.17:8022"}
+    names: dict[str, object] = {"p": p, "line": line, "ep": "10.0.1.17:8022"}
     passing = _best("p.decode_passing(line)", names, 20_000, args.runs)
     now = _best("p.relayed_line(ep, line)", names, 20_000, args.runs)
-    before = _best("p.encode(p.Relayed(endpoint=p.Text(ep), frame=msgspec.Raw(line.strip())))", names, 20_000, args.runs)
     print(f"  the relay's path (decode_passing, the fleet's checks, the envelope): {path:.2f} µs")
     print(f"    of it decode_passing: {passing:.0f} ns")
-    print(f"  the envelope: {now:.0f} ns, before {before:.0f} ns: {now / before:.2f}x")
-    new_ep, old_ep = Endpoint("10.0.1.17", 8022), _PlainEndpoint("10.0.1.17", 8022)
+    print(f"  of it the envelope: {now:.0f} ns")
     for what in ("hash", "str"):
-        a = _best(f"{what}(e)", {"e": new_ep}, 200_000, args.runs)
-        b = _best(f"{what}(e)", {"e": old_ep}, 200_000, args.runs)
-        print(f"  an endpoint's {what}: {a:.0f} ns, before {b:.0f} ns: {a / b:.2f}x")
+        print(f"  an endpoint's {what}: {_best(f'{what}(e)', {'e': Endpoint('10.0.1.17', 8022)}, 200_000, args.runs):.0f} ns")
     return 0
 
 
