@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import msgspec
@@ -105,6 +106,50 @@ async def test_one_console_leads_a_standby_takes_over_and_an_unreachable_etcd_st
             etcd.unpause()
             run_b.cancel()
             await asyncio.gather(run_a, run_b, return_exceptions=True)
+
+
+class _SlowReads(EtcdClient):
+    """etcd whose answers to a read arrive a second after it was read, once :attr:`slow` is set (a loaded
+    etcd, a long round trip): what the read says may be old by the time the console hears it."""
+
+    slow = False
+    reading = False
+
+    def get(self, key: str, prefix: bool = False) -> list:
+        found = super().get(key, prefix)
+        if self.slow:
+            self.reading = True
+            time.sleep(1.0)  # the answer on its way: the network's delay, not this test's wait
+        return found
+
+
+async def test_a_take_over_while_the_console_is_reading_etcd_leads_and_stays_leading(tmp_path: Path) -> None:
+    with running_etcd(tmp_path / "etcd") as etcd:
+        if etcd is None:
+            pytest.skip("etcd could not start here (/usr/bin/etcd)")
+        a = Election(EtcdClient([etcd.url], timeout=2.0), "c1", "console-a", ttl=4.0)
+        client = _SlowReads([etcd.url], timeout=2.0)
+        carol = Election(client, "c1", "console-carol", ttl=4.0, campaign=False)
+        runs = [asyncio.create_task(a.run())]
+        try:
+            await wait_until(lambda: a.leading, 10, "console-a to lead")
+            runs.append(asyncio.create_task(carol.run()))
+            await wait_until(lambda: carol.standing.leader == "console-a", 10, "carol's console to see who leads")
+            # The operator takes over while carol's console is reading the key, which still names console-a.
+            client.slow = True
+            await wait_until(lambda: client.reading, 10, "carol's console to be reading the leader key")
+            await carol.take_over()
+            assert carol.leading, carol.standing.line
+            token = carol.token
+            # Its read, answered late, names the leader it replaced: it must not step this console down.
+            client.slow = False
+            await wait_until(lambda: not a.leading and a.standing.leader == "console-carol", 10,
+                             "console-a to see carol lead")
+            assert carol.leading and carol.token == token, carol.standing.line
+        finally:
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
 
 
 @pytest.mark.timeout(120)

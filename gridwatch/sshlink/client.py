@@ -37,7 +37,7 @@ from gridwatch.sshlink.links import (
 from gridwatch.sshlink.policy import client_options, weak_key_reason
 from gridwatch.sshlink.stream import LineStream
 from gridwatch.wire import protocol as p
-from gridwatch.wire.heard import HeardOrder
+from gridwatch.wire.heard import LOOP_STALL_S, HeardOrder
 
 # Names other modules import from here, whichever module of the SSH layer defines them.
 __all__ = ["Fleet", "FleetOptions", "LinkState", "NodeLink", "RelayStatus", "explain", "hello_name_refusal"]
@@ -729,15 +729,23 @@ class Fleet:
 
     async def _watch_staleness(self) -> None:
         o = self.options
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        awake_since = float("-inf")  # silence counts from here at the earliest: this loop was stalled before
         while True:
             now = o.clock()
+            if loop.time() - due > LOOP_STALL_S:
+                # This watcher woke late, so the loop that reads the links was stalled too: their frames of that
+                # time may wait unread (an agent beside it was stalled with it). A link closed now would be a
+                # healthy node's stream cut; each gets its intervals again from here.
+                awake_since = now
             # Only a link silent past the shortest interval's threshold can be stale or dead.
             floor = min(o.stale_intervals, o.dead_intervals) * self._heard_order.shortest(1.0)
             for link in self._heard_order.quiet(now, floor):
                 if link.state not in (LinkState.CONNECTED, LinkState.STALE) or link.last_frame_at is None:
                     continue
                 interval = link.interval
-                silent = now - link.last_frame_at
+                silent = now - max(link.last_frame_at, awake_since)
                 if silent > o.dead_intervals * interval:
                     conn = self._conns.get(link.endpoint) if link.via is None else None
                     self._set(link, LinkState.DOWN, f"{link.name}: silent for {silent:.0f} s; reconnecting")
@@ -747,4 +755,6 @@ class Fleet:
                     self._set(link, LinkState.STALE, f"{link.name}: no frame for {silent:.1f} s")
             # Four times a second for a small fleet, once for a large one (a node is stale only after three of
             # its intervals, seconds, so a second later is no news lost).
-            await asyncio.sleep(0.25 if len(self.links) < 500 else 1.0)
+            every = 0.25 if len(self.links) < 500 else 1.0
+            due = loop.time() + every
+            await asyncio.sleep(every)

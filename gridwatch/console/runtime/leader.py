@@ -287,6 +287,9 @@ class Election:
         self._deadline = 0.0  # monotonic time the lease lapses unless renewed
         self._seen: KeyValue | None = None  # the leader key as last read
         self._wake = asyncio.Event()
+        # One step of the election at a time: a round's read of the key, taken before an operator's take-over
+        # and answered after it, would otherwise set this console back to observing the leader it replaced.
+        self._turn = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()
         self._held: int | None = None
         # Fencing tokens of leaders this console saw hold the key with a lease of a console's length: a
@@ -316,7 +319,8 @@ class Election:
     async def run(self) -> None:
         try:
             while True:
-                await self._round()
+                async with self._turn:
+                    await self._round()
                 self._wake.clear()
                 wait = self.ttl / 3
                 if self.standing.role is Role.LEADER:
@@ -331,17 +335,18 @@ class Election:
     async def take_over(self) -> None:
         """The operator takes the lead from whoever holds it (the confirmation and the audit are the caller's)."""
         self.campaign = True
-        current = self._seen
-        if self.standing.role is Role.LEADER:
-            return
-        lease = await self._ensure_lease()
-        if current is None:
-            won, revision = await asyncio.to_thread(self.client.create, self.key, self.name, lease)
-        else:
-            won, revision = await asyncio.to_thread(self.client.replace, self.key, current.mod_revision,
-                                                    self.name, lease)
-        if won:
-            await self._lead(revision)
+        async with self._turn:
+            current = self._seen
+            if self.standing.role is Role.LEADER:
+                return
+            lease = await self._ensure_lease()
+            if current is None:
+                won, revision = await asyncio.to_thread(self.client.create, self.key, self.name, lease)
+            else:
+                won, revision = await asyncio.to_thread(self.client.replace, self.key, current.mod_revision,
+                                                        self.name, lease)
+            if won:
+                await self._lead(revision)
         self._wake.set()
 
     async def _ensure_lease(self) -> int:

@@ -12,13 +12,12 @@ from loguru import logger
 
 from gridwatch.console.runtime.recoveries import Recovering, _Recovery
 from gridwatch.playbooks.model import MetricTrigger
+from gridwatch.wire.heard import LOOP_STALL_S
 
 if TYPE_CHECKING:
     from gridwatch.playbooks.blame_collectives import CollectiveVerdict
     from gridwatch.playbooks.plans import Incident, Plan
 
-# A tick later than this behind its time: the console's own loop was stalled (see _tick_forever).
-LOOP_STALL_S = 0.2
 # A node's own time for a fault is believed only this close before the console saw it (clocks drift).
 _FAULT_SKEW_S = 300.0
 
