@@ -467,6 +467,30 @@ def test_one_workers_death_told_twice_is_one_incident(first: dict, then: dict) -
     assert len(engine.observe("node3", Event(node="node3", severity="error", source="trainer", **then))) == 1
 
 
+def test_a_workers_death_told_after_its_grace_then_by_its_slow_restart_is_one_incident() -> None:
+    # The drill on a loaded machine: the worker dies at t=0; torchrun's new life takes 16 s to import torch, so
+    # the trainer's link says first, after its 15 s grace, that the process is gone (dated at the death), and the
+    # restart is told a second later, dated at the same death. One death: one incident, measured from t=0.
+    clock = ManualClock(100.0)
+    engine = Engine(load_builtin(), clock)
+    _cluster(engine, clock, ["node1", "node2", "node3"])
+    died = clock.now()
+    clock.advance(15.0)
+    plans = engine.observe("node2", Event(node="node2", kind="trainer_exit", severity="error", source="trainer",
+                                          details={"process": "gone", "fault_at": f"{died:.3f}"}))
+    assert [p.incident.playbook for p in plans] == ["trainer-exited"]
+    clock.advance(1.0)
+    assert engine.observe("node2", Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
+                                         details={"fault_at": f"{died:.3f}"})) == []
+    (incident,) = [i for i in engine.incidents() if i.state != "closed"]
+    assert incident.id == plans[0].incident.id and incident.symptoms == 2
+    # A restart dated long after that death is a second one.
+    clock.advance(200.0)
+    again = Event(node="node2", kind="trainer_restarted", severity="error", source="trainer",
+                  details={"fault_at": f"{clock.now() - 2.0:.3f}"})
+    assert [p.incident.playbook for p in engine.observe("node2", again)] == ["trainer-restarted"]
+
+
 def test_a_worker_that_died_while_its_node_was_out_joins_that_fault_even_after_its_incident_closed() -> None:
     # XID 79 takes node2 out; its worker dies while out, and torchrun's new life tells of it only after the
     # node was fixed and its incident resolved. The death (fault_at) came while that fault's incident stood.

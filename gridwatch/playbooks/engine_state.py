@@ -164,6 +164,9 @@ class EngineCore:
         # (playbook, blamed node, distinct mark) -> reporter -> when it last said so
         self._blamers: dict[tuple[str, str, str], dict[str, float]] = {}
         self._codes: dict[str, int] = {}  # incident id -> the XID code that opened it
+        # incident id -> when its fault began on the node's clock (its first symptom's fault_at), where that
+        # is earlier than the incident: a trainer's loss is told only after its grace, its restart at its death.
+        self._began_at: dict[str, float] = {}
         # (playbook, scope key, XID code) -> when a plan of it let its ``repeat.after`` step act
         self._fixes_of_code: dict[tuple[str, str, int | None], deque[float]] = {}
         self.history = FleetHistory()  # every node's and GPU's incidents, remediations and verdicts
@@ -390,7 +393,7 @@ class EngineCore:
             if closed.node == node and closed.state != "merged":
                 candidates.append(closed)
         causes = [i for i in candidates if i.playbook != pb.name
-                  and -CONSEQUENCE_LEAD_S <= began - i.opened_at <= pb.consequence_within
+                  and -CONSEQUENCE_LEAD_S <= began - self._began_at.get(i.id, i.opened_at) <= pb.consequence_within
                   and kinds & set(i.kind.split("/"))]
         return max(causes, key=lambda i: i.opened_at) if causes else None
 
@@ -460,6 +463,9 @@ class EngineCore:
         self._by_id[incident.id] = incident
         if symptom.code is not None:
             self._codes[incident.id] = symptom.code
+        began = _began(symptom.details, now)
+        if began < now:
+            self._began_at[incident.id] = began
         logger.bind(node=target).info("incident {}: {}", incident.id, incident.summary)
         if superseded is not None:
             self._supersede(superseded, incident, now)
