@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_HOSTS = 100_000  # a typo like node[1-99999999] must fail, not eat memory
@@ -19,9 +19,20 @@ class Endpoint:
 
     host: str
     port: int
+    # Made once: a console keys its links, their order and its store by endpoint, several lookups and a name
+    # for every frame of every node, and a dataclass's own hash builds a tuple and hashes it each time.
+    _text: str = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_text", f"{self.host}:{self.port}")
+        object.__setattr__(self, "_hash", hash((self.host, self.port)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return self._text
 
 
 def _split_top(spec: str) -> list[str]:
