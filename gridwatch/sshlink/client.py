@@ -655,10 +655,12 @@ class Fleet:
                 return
             if link.barred or isinstance(frame, (p.Relayed, p.RelayLink)):
                 return  # a refused node's frames, or a relay's frame where a node's belongs
-        if frame.node and str(frame.node) != link.pinned:
-            self._foreign(link, str(frame.node))
+        node = frame.node
+        if not node:
+            frame.node = p.Text(link.pinned or link.name)
+        elif node != link.pinned:  # a Text is a str: compared as it is, not copied to compare
+            self._foreign(link, str(node))
             return
-        frame.node = p.Text(link.pinned or link.name)
         self._heard(link)
         if isinstance(frame, (p.ActionResult, p.SearchResult)):
             asked, fut = self._pending.get(str(frame.id), (None, None))
