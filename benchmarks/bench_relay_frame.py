@@ -5,7 +5,8 @@ The relay reads a node's frame as far as its owner and order (``decode_passing``
 unchanged. This times that path over N simulated nodes' summaries, in one process, with real endpoints,
 and beside it two of its pieces: the envelope (``relayed_line``) and an endpoint's hash and name, which the
 fleet uses several times a frame.
-A cheaper envelope and endpoint were measured and taken out again (BENCHMARKS.md, issue 25, tenth round).
+The envelope is cut once per endpoint and an endpoint's hash and name are made once (BENCHMARKS.md, issue 25,
+tenth round, against the code before them).
 
 No SSH: bench_ssh_message.py measures the transport, bench_console_scale.py the whole relay. The minimum
 of the runs, CPU ns (or µs) per frame.
