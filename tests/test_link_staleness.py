@@ -14,7 +14,10 @@ from tests.conftest import wait_until
 from tests.support_stream import fake_agent
 
 
-async def test_silent_links_go_stale_then_down_each_at_its_own_cadence_and_come_back(keys) -> None:
+async def _agents_and_fleet(keys, names: list[str]) -> tuple[list[float], dict[str, int], dict[str, asyncio.Queue[p.Frame]],
+                                                           list[p.Frame], list[Any], Fleet]:
+    """Agents that say hello (a 1 s interval) and then only what a test puts in their outbox, and a fleet over
+    them whose clock is ``now[0]``: the clock, each agent's hellos, their outboxes, the frames received."""
     now = [1000.0]
     hellos: dict[str, int] = {}
     outboxes: dict[str, asyncio.Queue[p.Frame]] = {}
@@ -28,13 +31,17 @@ async def test_silent_links_go_stale_then_down_each_at_its_own_cadence_and_come_
                 process.stdout.write(p.encode(await queue.get()))
         return script
 
-    names = ["quiet", "summaries", "chatty"]
     servers = [await fake_agent(keys, agent(name)) for name in names]
     spec = ",".join(f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers)
     received: list[p.Frame] = []
     fleet = Fleet(parse_endpoints(spec), FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
                                                        backoff_min=0.05, backoff_max=0.3, clock=lambda: now[0]),
                   on_frame=lambda link, f: received.append(f))
+    return now, hellos, outboxes, received, servers, fleet
+
+
+async def test_silent_links_go_stale_then_down_each_at_its_own_cadence_and_come_back(keys) -> None:
+    now, hellos, outboxes, received, servers, fleet = await _agents_and_fleet(keys, ["quiet", "summaries", "chatty"])
     link = {}
     seq = [0]
 
@@ -77,25 +84,7 @@ async def test_silent_links_go_stale_then_down_each_at_its_own_cadence_and_come_
 async def test_a_stall_of_the_consoles_own_loop_drops_no_link(keys) -> None:
     """The console's process stalls (a busy host, a long GC, a paused VM) for longer than a link may be silent:
     the frames of that time wait unread, so no healthy node's stream is cut for it; silence counts again after."""
-    now = [1000.0]
-    hellos: dict[str, int] = {}
-    outboxes: dict[str, asyncio.Queue[p.Frame]] = {}
-
-    def agent(name: str) -> Any:
-        async def script(process: Any) -> None:
-            hellos[name] = hellos.get(name, 0) + 1
-            outboxes[name] = queue = asyncio.Queue()
-            process.stdout.write(p.encode(p.Hello(node=p.Text(name), interval=1.0, boot_id=p.Text("b1"))))
-            while True:
-                process.stdout.write(p.encode(await queue.get()))
-        return script
-
-    servers = [await fake_agent(keys, agent(name)) for name in ("quiet", "chatty")]
-    spec = ",".join(f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers)
-    received: list[p.Frame] = []
-    fleet = Fleet(parse_endpoints(spec), FleetOptions(key_path=str(keys.operator_key), known_hosts=str(keys.known_hosts),
-                                                       backoff_min=0.05, backoff_max=0.3, clock=lambda: now[0]),
-                  on_frame=lambda link, f: received.append(f))
+    now, hellos, outboxes, received, servers, fleet = await _agents_and_fleet(keys, ["quiet", "chatty"])
     await fleet.start()
     try:
         await wait_until(lambda: len(hellos) == 2 and all(l.state == LinkState.CONNECTED for l in fleet.links.values()),
