@@ -37,6 +37,7 @@ def test_heartbeat_is_lost_after_three_intervals_of_the_injected_clock() -> None
     engine.observe("10.0.0.1:2222", Sample(node="node1"))
     plans = engine.tick()
     assert [(p.incident.node, p.incident.kind) for p in plans] == [("node2", "heartbeat_lost")]
+    assert plans[0].incident.summary.startswith("no frame from node2 for 6.5s (3 x its 2s interval)")
     assert engine.tick() == []  # fires once per loss
     engine.observe("10.0.0.2:2222", Sample(node="node2"))
     assert engine.incident(plans[0].incident.id).recovered_at == clock.now()

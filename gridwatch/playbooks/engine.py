@@ -190,7 +190,8 @@ class Engine(Matching, Planning):
                 latch = (pb.name, node.name, "heartbeat")
                 if latch not in self._latched and not node.out:
                     self._latched.add(latch)
-                    summary = (f"no frame from {node.name} for {silent:.0f}s "
+                    # Tenths under ten seconds: a fast cadence's silence is not "0s".
+                    summary = (f"no frame from {node.name} for {silent:.{1 if silent < 10 else 0}f}s "
                                f"({trig.missed:g} x its {node.interval:g}s interval)")
                     plans += self._symptom(pb, _Symptom(node.name, None, summary, ident=node.last_ident), now)
         plans += self._check_stacks(now)
