@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 import msgspec
@@ -109,18 +109,27 @@ async def test_one_console_leads_a_standby_takes_over_and_an_unreachable_etcd_st
 
 
 class _SlowReads(EtcdClient):
-    """etcd whose answers to a read arrive a second after it was read, once :attr:`slow` is set (a loaded
-    etcd, a long round trip): what the read says may be old by the time the console hears it."""
+    """etcd whose answer to a read, once :attr:`slow` is set, arrives only after this client's next write (or,
+    when none comes, after a loaded etcd's two seconds): what the read says may be old when the console hears it."""
 
     slow = False
     reading = False
+
+    def __init__(self, endpoints: list[str], timeout: float) -> None:
+        super().__init__(endpoints, timeout=timeout)
+        self.wrote = threading.Event()
 
     def get(self, key: str, prefix: bool = False) -> list:
         found = super().get(key, prefix)
         if self.slow:
             self.reading = True
-            time.sleep(1.0)  # the answer on its way: the network's delay, not this test's wait
+            self.wrote.wait(2.0)
         return found
+
+    def replace(self, key: str, mod_revision: int, value: str, lease: int) -> tuple[bool, int]:
+        done = super().replace(key, mod_revision, value, lease)
+        self.wrote.set()
+        return done
 
 
 async def test_a_take_over_while_the_console_is_reading_etcd_leads_and_stays_leading(tmp_path: Path) -> None:

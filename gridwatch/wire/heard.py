@@ -13,11 +13,11 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 # A watcher of silence that wakes this much later than it asked was stalled itself (a busy host, a long GC,
 # a paused VM): the frames of that time may wait unread, so no silence up to then is held against a node.
 LOOP_STALL_S = 0.2
-V = TypeVar("V")
 
 
 class HeardOrder(Generic[K, V]):
