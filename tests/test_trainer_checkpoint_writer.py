@@ -168,6 +168,27 @@ def test_a_writer_killed_mid_write_costs_that_save_only(tmp_path: Path, monkeypa
     assert [s for s, _ in list_checkpoints(root)] == [30, 10] and ckpt.newest == {0: 30}
 
 
+def test_ready_answers_only_once_a_slow_starting_writer_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker joins its job after ``ready``: a writer still starting (torch's import on a loaded node) is waited
+    for there, not behind the job's third snapshot with every rank's step held."""
+    gate = tmp_path / "imported"
+    _wrap_writer(monkeypatch, f"""
+        import time
+        from pathlib import Path
+        while not Path({str(gate)!r}).exists():
+            time.sleep(0.02)
+    """)
+    outcomes: list[SaveOutcome] = []
+    ckpt = TieredCheckpointer(_cfg(tmp_path), "node-1", outcomes.append)
+    assert not ckpt.ready(0.3), "a writer that does not serve yet is not ready"
+    gate.write_text("")
+    assert ckpt.ready(60)
+    ckpt.snapshot(_state(1), _manifest(10), {0}, tier2_owner=False)
+    assert ckpt.flush(60)
+    ckpt.stop()
+    assert not [o.error for o in outcomes if o.error] and ckpt.newest == {0: 10}
+
+
 def test_a_writer_that_died_between_saves_is_replaced_without_losing_a_save(tmp_path: Path) -> None:
     outcomes: list[SaveOutcome] = []
     ckpt = TieredCheckpointer(_cfg(tmp_path), "node-1", outcomes.append)

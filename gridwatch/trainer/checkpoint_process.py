@@ -19,7 +19,7 @@ from loguru import logger
 
 from gridwatch.trainer.checkpoint import Manifest
 from gridwatch.trainer.checkpoint_arena import Arena
-from gridwatch.trainer.checkpoint_wire import Copy, Register, Reply, Request, Write, receive_reply, send
+from gridwatch.trainer.checkpoint_wire import Copy, Ping, Register, Reply, Request, Write, receive_reply, send
 
 # The writer's command line, before its socket and parent arguments (a test may wrap it).
 WRITER_COMMAND = [sys.executable, "-m", "gridwatch.trainer.checkpoint_writer"]
@@ -79,6 +79,10 @@ class WriterProcess:
     def copy(self, source: Path, root: Path, tier: int, note: str, keep: int) -> Reply:
         """Copy a checkpoint to ``root`` as ``tier``, verified, and prune to ``keep``."""
         return self._call(Copy(source=str(source), root=str(root), tier=tier, note=note, keep=keep))
+
+    def ping(self) -> Reply:
+        """A round trip to the writer (started now if none runs): back once it serves; :class:`WriterDied` if it died."""
+        return self._call(Ping())
 
     def close(self) -> None:
         """Let the writer finish and exit (closing our end is its signal)."""

@@ -45,7 +45,11 @@ class Copy(msgspec.Struct, tag=True, kw_only=True):
     keep: int
 
 
-Request = Register | Write | Copy
+class Ping(msgspec.Struct, tag=True, kw_only=True):
+    """Answer at once: the writer has started and serves (its imports are done)."""
+
+
+Request = Register | Write | Copy | Ping
 
 
 class Reply(msgspec.Struct, kw_only=True):

@@ -21,7 +21,7 @@ import torch
 
 from gridwatch.trainer.checkpoint import copy_checkpoint, prune, write_checkpoint
 from gridwatch.trainer.checkpoint_arena import Arena
-from gridwatch.trainer.checkpoint_wire import Copy, Register, Reply, Request, Write, one_line, receive_request, send
+from gridwatch.trainer.checkpoint_wire import Copy, Ping, Register, Reply, Request, Write, one_line, receive_request, send
 
 # The training thread comes first on a busy node; the writer takes what is left over.
 NICE = 10
@@ -60,6 +60,8 @@ def handle(req: Request, fds: list[int], arenas: dict[int, Arena]) -> Reply:
         if isinstance(req, Copy):
             path = copy_checkpoint(Path(req.source), Path(req.root), req.tier, note=req.note)
             return Reply(path=str(path), pruned=len(prune(Path(req.root), req.keep)))
+        if isinstance(req, Ping):
+            return Reply()
         return Reply(error=f"unknown request {type(req).__name__}")
     except BaseException as exc:  # DCP raises CheckpointException, a BaseException
         return Reply(error=one_line(exc))

@@ -53,6 +53,7 @@ class _Job:
     source: Path | None = None  # copy an existing checkpoint instead of writing buffers
     protect: bool = False  # copy the newest tier-0 checkpoint, whichever it is when the job runs
     tier2_delay: float = 0.0
+    ping: bool = False  # no write: a round trip to the writer process
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -118,7 +119,17 @@ class TieredCheckpointer:
     def flush(self, timeout: float = 120.0) -> bool:
         """Wait until every queued write is done (at exit, before a restore)."""
         self._stager.settle()
-        marker = _Job(-1, set(), Manifest(step=-1, epoch=0, sampler_position=0, tier=0, world_size=0, model=""))
+        return self._marker(timeout)
+
+    def ready(self, timeout: float) -> bool:
+        """Wait until the writer process serves (its start is over: torch's import took 14 s on a loaded node);
+        False after ``timeout``. A writer that died on the way is told by the writer thread, and replaced."""
+        return self._marker(timeout, ping=True)
+
+    def _marker(self, timeout: float, ping: bool = False) -> bool:
+        """Queue a job that writes nothing and wait for the writer thread to reach it."""
+        marker = _Job(-1, set(), Manifest(step=-1, epoch=0, sampler_position=0, tier=0, world_size=0, model=""),
+                      ping=ping)
         self._jobs.put(marker)
         return marker.done.wait(timeout)
 
@@ -147,7 +158,9 @@ class TieredCheckpointer:
             self._log.warning("checkpoint writer process did not start: {}; retried at the first save", one_line(exc))
         while (job := self._jobs.get()) is not None:
             try:
-                if job.step >= 0:
+                if job.ping:
+                    self._writer.ping()
+                elif job.step >= 0:
                     self._write(job)
             except BaseException as exc:  # the writer must outlive any one failed save
                 self._log.exception("checkpoint writer: {}", exc)

@@ -416,10 +416,21 @@ class Worker:
             self.log.info("leaving the job at step {} on request: its GPU is lost; the others go on without it", self.step)
             self.mode.depart(self)
 
+    def _wait_for_writer(self) -> None:
+        """Join once this node can checkpoint. A job's first snapshots fill the arenas; with the writer still
+        starting, the next one held this rank's step until the progress deadline ended the whole job."""
+        t0 = time.monotonic()
+        if not self.ckpt.ready(self.cfg.startup_deadline_s / 2):
+            self.log.warning("the checkpoint writer did not answer within {:.0f} s; joining anyway",
+                             self.cfg.startup_deadline_s / 2)
+        elif (waited := time.monotonic() - t0) >= 1.0:
+            self.log.info("waited {:.1f} s for the checkpoint writer to start before joining", waited)
+
     def run(self) -> int:
         self.server.start()
         self.deadline.watch()
         self.faults.at_start()
+        self._wait_for_writer()
         self.mode.join(self)
         self.phase = TrainerPhase.TRAINING
         deadline = self.mode.progress_deadline(self.cfg)
